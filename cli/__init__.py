@@ -1,0 +1,1 @@
+"""The `farctx` command line."""

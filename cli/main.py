@@ -1,0 +1,134 @@
+"""farctx command line: generate, info (one click group, llama.cpp's flag names)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import llama_kwargs, method_options, model_option, runtime_options
+
+
+class FarctxGroup(click.Group):
+    """Turns farctx's and llama.cpp's errors into one line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from farctx.errors import FarctxError
+
+        try:
+            return super().invoke(ctx)
+        except (FarctxError, ValueError, RuntimeError, OSError) as exc:
+            click.echo(f"farctx: error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=FarctxGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="farctx")
+def main() -> None:
+    """Run GGUF language models past their trained context (LM-Infinite, Mesa-Extrapolation, baselines)."""
+
+
+def _read_prompt(prompt: str | None, file: str | None) -> str:
+    if prompt is not None and file is not None:
+        raise click.UsageError("give the prompt with -p or -f, not both")
+    if file is not None:
+        if file == "-":
+            return sys.stdin.read()
+        path = Path(file)
+        if not path.is_file():
+            raise click.BadParameter(f"no such file: {file}", param_hint="-f")
+        return path.read_text(encoding="utf-8", errors="replace")
+    if prompt is None:
+        raise click.UsageError("no prompt: give -p TEXT or -f FILE (- for stdin)")
+    return prompt
+
+
+@main.command()
+@model_option()
+@click.option("-p", "--prompt", default=None, help="prompt text")
+@click.option("-f", "--file", default=None, metavar="FNAME", help="read the prompt from a file (- for stdin)")
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(0), default=128, show_default=True,
+              help="tokens to generate")
+@click.option("--temp", type=click.FloatRange(0.0), default=0.8, show_default=True, help="temperature (0: greedy)")
+@click.option("--seed", type=int, default=-1, show_default=True, help="sampling seed (-1: random)")
+@click.option("--top-k", type=int, default=40, show_default=True)
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
+@runtime_options()
+@method_options()
+def generate(model: str | None, prompt: str | None, file: str | None, n_predict: int, temp: float, seed: int,
+             top_k: int, top_p: float, as_json: bool, **opts: Any) -> None:
+    """Generate text from a prompt."""
+    import farctx
+    from farctx.progress import Progress
+
+    text = _read_prompt(prompt, file)
+    kwargs = llama_kwargs(opts)
+    if seed >= 0:
+        kwargs["seed"] = seed
+    llm = farctx.Llama(model, progress=Progress("prefill", min_total=1024), **kwargs)
+    started = time.monotonic()
+    stream = llm.create_completion(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
+                                   seed=seed if seed >= 0 else None, stream=True)
+    pieces = []
+    finish_reason = None
+    for chunk in stream:
+        choice = chunk["choices"][0]
+        pieces.append(choice["text"])
+        finish_reason = choice.get("finish_reason") or finish_reason
+        if not as_json:
+            click.echo(choice["text"], nl=False)
+            sys.stdout.flush()
+    if as_json:
+        result = {
+            "model": llm.model_path,
+            "method": llm.method_params.as_dict(),
+            "prompt_tokens": len(llm.tokenize(text.encode("utf-8"))),
+            "text": "".join(pieces),
+            "finish_reason": finish_reason,
+            "seconds": round(time.monotonic() - started, 3),
+            "stats": llm.stats(),
+        }
+        click.echo(json.dumps(result))
+    else:
+        click.echo()
+
+
+@main.command()
+@model_option()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def info(model: str | None, as_json: bool) -> None:
+    """Architecture, trained context, RoPE, sliding window, and the methods the model supports."""
+    import farctx
+
+    details = farctx.model_info(model)
+    details.methods = farctx.method_support(details)
+    if as_json:
+        click.echo(json.dumps(details.as_dict()))
+        return
+    rows = [
+        ("model", details.path),
+        ("name", details.name),
+        ("architecture", details.architecture),
+        ("n_ctx_train", details.n_ctx_train),
+        ("layers", details.n_layer),
+        ("embedding", details.n_embd),
+        ("heads (q/kv)", f"{details.n_head}/{details.n_head_kv}"),
+        ("rope freq_base", details.rope_freq_base),
+        ("rope scaling", details.rope_scaling or "none"),
+        ("sliding window", details.sliding_window or "none"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+    click.echo("methods:")
+    for method, support in details.methods.items():
+        click.echo(f"  {method:<12} {support}")
+
+
+if __name__ == "__main__":
+    main()

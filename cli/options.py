@@ -1,0 +1,103 @@
+"""Options shared by the farctx commands, with llama.cpp's flag names."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+# llama.cpp's -ctk/-ctv names -> ggml type ids
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _stack(*decorators: Decorator) -> Decorator:
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+def model_option() -> Decorator:
+    return click.option("-m", "--model", "model", default=None, metavar="FNAME",
+                        help="GGUF model path (default: the bundled SmolLM2-135M-Instruct)")
+
+
+def runtime_options() -> Decorator:
+    """-c -b -ub -t -ngl -fa -ctk -ctv: how llama.cpp runs the model."""
+    return _stack(
+        click.option("-c", "--ctx-size", "n_ctx", type=int, default=0, show_default=True,
+                     help="KV cache size in tokens (0: the model's trained context)"),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
+                     help="logical batch size"),
+        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,
+                     help="physical batch size"),
+        click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads"),
+        click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "n_gpu_layers", default="0", show_default=True,
+                     help="layers to offload to the GPU (a number or 'all')"),
+        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off"]), default="off",
+                     show_default=True, help="flash attention"),
+        click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(sorted(KV_TYPES)), default="f16",
+                     show_default=True, help="KV cache type for K"),
+        click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(sorted(KV_TYPES)), default="f16",
+                     show_default=True, help="KV cache type for V"),
+    )
+
+
+def method_options() -> Decorator:
+    """--method and every method's parameters (0: from the model or the method's default)."""
+    from farctx.methods import METHODS
+
+    return _stack(
+        click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True,
+                     help="attention method"),
+        click.option("--n-ctx-train", type=click.IntRange(0), default=None,
+                     help="trained context to assume (default: the model's)"),
+        click.option("--n-global", type=click.IntRange(0), default=None, help="lminf: global tokens (10)"),
+        click.option("--n-local", type=click.IntRange(0), default=None, help="lminf/window: local window (n_ctx_train)"),
+        click.option("--n-sink", type=click.IntRange(0), default=None, help="streaming: sink tokens (4)"),
+        click.option("--first-chunk", type=click.IntRange(1), default=None, help="mesa: first chunk (100)"),
+        click.option("--stair-width", type=click.IntRange(1), default=None, help="mesa: stair width (50)"),
+        click.option("--last-context", type=click.IntRange(1), default=None, help="mesa: last context (512)"),
+        click.option("--gen-budget", type=click.IntRange(0), default=None, help="mesa: generation budget (50)"),
+        click.option("--group", type=click.IntRange(0), default=None, help="selfextend: group size (auto)"),
+        click.option("--neighbor", type=click.IntRange(0), default=None, help="selfextend: neighbour window (auto)"),
+    )
+
+
+METHOD_KEYS = ("n_ctx_train", "n_global", "n_local", "n_sink", "first_chunk", "stair_width", "last_context",
+               "gen_budget", "group", "neighbor")
+
+
+def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
+    """keyword arguments of farctx.Llama from the parsed options (consumes them)."""
+    ngl = str(opts.pop("n_gpu_layers"))
+    if ngl == "all":
+        n_gpu_layers = -1
+    else:
+        try:
+            n_gpu_layers = int(ngl)
+        except ValueError:
+            raise click.BadParameter(f"'{ngl}' is not a number or 'all'", param_hint="-ngl") from None
+    kwargs: dict[str, Any] = {
+        "method": opts.pop("method"),
+        "n_ctx": opts.pop("n_ctx"),
+        "n_batch": opts.pop("n_batch"),
+        "n_ubatch": opts.pop("n_ubatch"),
+        "n_gpu_layers": n_gpu_layers,
+        "flash_attn": opts.pop("flash_attn") == "on",
+        "type_k": KV_TYPES[opts.pop("cache_type_k")],
+        "type_v": KV_TYPES[opts.pop("cache_type_v")],
+    }
+    threads = opts.pop("n_threads")
+    if threads is not None:
+        kwargs["n_threads"] = threads
+        kwargs["n_threads_batch"] = threads
+    for key in METHOD_KEYS:
+        value = opts.pop(key)
+        if value is not None:
+            kwargs[key] = value
+    return kwargs

@@ -1,0 +1,31 @@
+/* farctx internals shared by the native/ sources (not installed, not part of the API) */
+#pragma once
+
+#include "farctx.h"
+#include "llama.h"
+
+#include <stdarg.h>
+
+#define FARCTX_ERR_LEN 512
+
+struct farctx_session {
+    struct llama_context * ctx;
+    const struct llama_model * model;
+    struct farctx_params params;   /* defaults resolved */
+    int64_t n_past;                /* tokens fed so far                 */
+    int32_t n_decode;              /* llama_decode calls                */
+    char    error[FARCTX_ERR_LEN];
+};
+
+/* write a formatted one-line message into buf (buf may be NULL); returns code */
+int32_t farctx_fail(char * buf, size_t size, int32_t code, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* the same into the session's error buffer */
+#define farctx_session_fail(s, code, ...) farctx_fail((s)->error, sizeof((s)->error), (code), __VA_ARGS__)
+
+/* fill 0 / negative fields from the model and the method defaults */
+void farctx_params_resolve(struct farctx_params * p, const struct llama_model * model);

@@ -1,0 +1,160 @@
+/* farctx: a token stream through a llama_context under one method (the driver) */
+#include "farctx-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct farctx_session * farctx_session_init(struct llama_context * ctx, const struct farctx_params * params,
+                                            char * err, size_t err_size) {
+    if (ctx == NULL) {
+        farctx_fail(err, err_size, FARCTX_ERR_PARAM, "no llama_context");
+        return NULL;
+    }
+    struct farctx_params defaults = farctx_default_params();
+    if (params == NULL) {
+        params = &defaults;
+    }
+    const struct llama_model * model = llama_get_model(ctx);
+    if (farctx_params_validate(params, model, err, err_size) != FARCTX_OK) {
+        return NULL;
+    }
+
+    struct farctx_session * s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
+        return NULL;
+    }
+    s->ctx    = ctx;
+    s->model  = model;
+    s->params = *params;
+    farctx_params_resolve(&s->params, model);
+
+    /* the stream starts empty: whatever seq 0 held before is not part of it */
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
+    return s;
+}
+
+void farctx_session_free(struct farctx_session * session) {
+    free(session);
+}
+
+static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
+    const int64_t n_ctx = llama_n_ctx(s->ctx);
+    const int64_t need  = s->n_past + n_tokens;
+    if (need > n_ctx) {
+        return farctx_session_fail(s, FARCTX_ERR_NO_SPACE,
+            "the stream needs %lld cells (%lld already in the cache + %d new tokens) but the KV cache "
+            "holds %lld: enlarge the cache (-c / n_ctx) or use a method with a fixed-size cache",
+            (long long) need, (long long) s->n_past, n_tokens, (long long) n_ctx);
+    }
+    return FARCTX_OK;
+}
+
+int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, int32_t n_tokens,
+                            bool all_logits, float * logits,
+                            farctx_progress_cb progress, void * progress_data) {
+    if (s == NULL) {
+        return FARCTX_ERR_PARAM;
+    }
+    s->error[0] = '\0';
+    if (n_tokens < 0 || (n_tokens > 0 && tokens == NULL)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "invalid token array (n_tokens = %d)", n_tokens);
+    }
+    if (n_tokens == 0) {
+        return FARCTX_OK;
+    }
+
+    const struct llama_vocab * vocab = llama_model_get_vocab(s->model);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return farctx_session_fail(s, FARCTX_ERR_PARAM,
+                "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i, n_vocab - 1);
+        }
+    }
+
+    int32_t rc = check_space(s, n_tokens);
+    if (rc != FARCTX_OK) {
+        return rc;
+    }
+
+    const int32_t n_batch = (int32_t) llama_n_batch(s->ctx);
+    struct llama_batch batch = llama_batch_init(n_batch, 0, 1);
+
+    for (int32_t done = 0; done < n_tokens; ) {
+        const int32_t n = (n_tokens - done < n_batch) ? n_tokens - done : n_batch;
+        const bool last_chunk = done + n == n_tokens;
+
+        batch.n_tokens = n;
+        for (int32_t i = 0; i < n; ++i) {
+            batch.token[i]     = tokens[done + i];
+            batch.pos[i]       = (llama_pos) (s->n_past + i);
+            batch.n_seq_id[i]  = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i]    = logits != NULL && (all_logits || (last_chunk && i == n - 1));
+        }
+
+        const int32_t ret = llama_decode(s->ctx, batch);
+        s->n_decode++;
+        if (ret != 0) {
+            llama_batch_free(batch);
+            /* a failed decode leaves no partial tokens of this batch in the stream */
+            llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) s->n_past, -1);
+            return farctx_session_fail(s, ret == 1 ? FARCTX_ERR_NO_SPACE : FARCTX_ERR_DECODE,
+                "llama_decode failed with code %d at token %lld", ret, (long long) s->n_past);
+        }
+
+        if (logits != NULL) {
+            for (int32_t i = 0; i < n; ++i) {
+                if (!batch.logits[i]) {
+                    continue;
+                }
+                const float * src = llama_get_logits_ith(s->ctx, i);
+                float * dst = all_logits ? logits + (size_t) (done + i) * n_vocab : logits;
+                memcpy(dst, src, sizeof(float) * (size_t) n_vocab);
+            }
+        }
+
+        s->n_past += n;
+        done      += n;
+
+        if (progress != NULL && !progress(progress_data, done, n_tokens) && done < n_tokens) {
+            llama_batch_free(batch);
+            return farctx_session_fail(s, FARCTX_ERR_CANCELLED, "cancelled after %d of %d tokens", done, n_tokens);
+        }
+    }
+
+    llama_batch_free(batch);
+    return FARCTX_OK;
+}
+
+int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
+    if (s == NULL) {
+        return FARCTX_ERR_PARAM;
+    }
+    if (n_keep < 0 || n_keep > s->n_past) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "cannot rewind to %lld: the stream has %lld tokens",
+                                   (long long) n_keep, (long long) s->n_past);
+    }
+    llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
+    s->n_past = n_keep;
+    return FARCTX_OK;
+}
+
+void farctx_session_stats(const struct farctx_session * s, struct farctx_stats * stats) {
+    memset(stats, 0, sizeof(*stats));
+    if (s == NULL) {
+        return;
+    }
+    llama_memory_t mem = llama_get_memory(s->ctx);
+    stats->n_past       = s->n_past;
+    stats->n_ctx        = (int32_t) llama_n_ctx(s->ctx);
+    stats->n_cells_used = llama_memory_n_cells_used(mem);
+    stats->n_ctx_train  = s->params.n_ctx_train;
+    stats->n_decode     = s->n_decode;
+    stats->kv_bytes     = llama_memory_n_bytes(mem);
+}
+
+struct farctx_params farctx_session_params(const struct farctx_session * s) {
+    return s ? s->params : farctx_default_params();
+}

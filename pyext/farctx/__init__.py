@@ -1,0 +1,54 @@
+"""farctx: run GGUF language models past their trained context inside llama.cpp.
+
+    import farctx
+    llm = farctx.Llama(method="vanilla")          # the bundled default model
+    print(llm("Once upon a time", max_tokens=32)["choices"][0]["text"])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import FarctxError, NoSpaceError
+from .methods import METHODS, MethodParams
+from .models import ModelInfo, default_model_path, model_info
+
+__all__ = [
+    "METHODS",
+    "FarctxError",
+    "Llama",
+    "MethodParams",
+    "ModelInfo",
+    "NoSpaceError",
+    "default_model_path",
+    "model_info",
+    "method_support",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # the engine loads the native libraries: only when asked for
+    if name == "Llama":
+        from .engine import Llama
+
+        return Llama
+    raise AttributeError(name)
+
+
+def method_support(info: ModelInfo) -> dict[str, str]:
+    """For each method: "yes", or why it cannot run on this model in this build."""
+    from ._native import native
+
+    n = native()
+    result = {}
+    for method in METHODS:
+        code = n.lib.farctx_method_from_name(method.encode())
+        if not n.lib.farctx_method_available(code):
+            result[method] = "not available in this build"
+        elif method != "vanilla" and info.sliding_window:
+            result[method] = "no: sliding-window layers"
+        else:
+            result[method] = "yes"
+    return result

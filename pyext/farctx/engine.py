@@ -1,0 +1,165 @@
+"""`farctx.Llama`: llama_cpp.Llama with its token stream driven by a farctx session.
+
+Everything llama-cpp-python offers (create_completion, create_chat_completion, __call__,
+stream=True, tokenize, samplers, chat templates) works unchanged; evaluation goes through
+libfarctx, which applies the chosen attention method.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ._native import native
+from .errors import FarctxError, NoSpaceError
+from .methods import MethodParams
+from .models import read_gguf, resolve_model_path
+
+_N = native()
+_ffi, _lib = _N.ffi, _N.lib
+
+# progress(n_done, n_total) -> None; raise to cancel
+ProgressFn = Callable[[int, int], None]
+
+_STATUS_ERRORS = {
+    _lib.FARCTX_ERR_NO_SPACE: NoSpaceError,
+}
+
+
+def _err_buffer() -> Any:
+    return _ffi.new("char[]", 512)
+
+
+def _message(buf: Any) -> str:
+    return _ffi.string(buf).decode("utf-8", errors="replace")
+
+
+class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
+    """A drop-in for `llama_cpp.Llama` that runs a farctx attention method.
+
+    `model_path=None` loads the bundled default model. `method` is one of farctx.METHODS;
+    the method's parameters (n_global, n_local, n_sink, first_chunk, stair_width,
+    last_context, gen_budget, group, neighbor, n_ctx_train) are keyword arguments, and every
+    other keyword argument is llama_cpp.Llama's.
+    """
+
+    def __init__(
+        self,
+        model_path: Optional[str | os.PathLike[str]] = None,
+        *,
+        method: str = "vanilla",
+        progress: Optional[ProgressFn] = None,
+        **kwargs: Any,
+    ) -> None:
+        method_values = {name: kwargs.pop(name) for name in MethodParams.names() if name in kwargs}
+        self.method_params = MethodParams.from_kwargs(method, method_values)
+        c_params = self.method_params.to_c(_ffi, _lib)
+        err = _err_buffer()
+        if _lib.farctx_params_validate(c_params, _ffi.NULL, err, 512) != _lib.FARCTX_OK:
+            raise FarctxError(_message(err))
+
+        path = resolve_model_path(model_path)
+        read_gguf(path)
+        kwargs.setdefault("verbose", False)
+        self._session: Any = None
+        try:
+            super().__init__(model_path=str(path), **kwargs)
+        except ValueError as exc:
+            raise FarctxError(f"llama.cpp could not load {path}: {exc}") from None
+
+        ctx = _N.llama_context_ptr(self._ctx.ctx)
+        session = _lib.farctx_session_init(ctx, c_params, err, 512)
+        if session == _ffi.NULL:
+            self.close()
+            raise FarctxError(_message(err))
+        self._session = _ffi.gc(session, _lib.farctx_session_free)
+        self.method_params = MethodParams.from_c(_lib.farctx_session_params(self._session), _ffi, _lib)
+        self.progress = progress
+        self._last_logits = np.empty(self._n_vocab, dtype=np.single)
+
+    # -- the token stream -------------------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Evaluate tokens after the first `n_tokens` of the stream (llama_cpp.Llama.eval's contract)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        n_before = self.n_tokens
+        self._check(_lib.farctx_session_rewind(self._session, n_before))
+
+        arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
+        if self._logits_all:
+            if n_before + n > self.scores.shape[0]:
+                self._raise_no_space(n_before, n)
+            out = self.scores[n_before : n_before + n]
+        else:
+            out = self._last_logits
+        progress_cb = self._progress_callback(n)
+        rc = _lib.farctx_session_feed(
+            self._session,
+            _ffi.from_buffer("int32_t[]", arr),
+            n,
+            bool(self._logits_all),
+            _ffi.from_buffer("float[]", out),
+            progress_cb,
+            _ffi.NULL,
+        )
+        if rc != _lib.FARCTX_OK:
+            message = _message(_lib.farctx_session_error(self._session))
+            # nothing of this call stays in the stream
+            _lib.farctx_session_rewind(self._session, n_before)
+            if self._progress_error is not None:
+                raise self._progress_error
+            raise _STATUS_ERRORS.get(rc, FarctxError)(message)
+        self.input_ids[n_before : n_before + n] = arr
+        self.n_tokens = n_before + n
+        self._requires_eval = False
+
+    def _progress_callback(self, n_total: int) -> Any:
+        self._progress_error: Optional[BaseException] = None
+        if self.progress is None:
+            return _ffi.NULL
+        progress = self.progress
+
+        @_ffi.callback("bool(void *, int64_t, int64_t)")
+        def callback(_data: Any, done: int, total: int) -> bool:
+            try:
+                progress(int(done), int(total))
+            except BaseException as exc:  # cancel, re-raised after the feed returns
+                self._progress_error = exc
+                return False
+            return True
+
+        self._progress_cb_ref = callback  # keep alive during the call
+        return callback
+
+    def _raise_no_space(self, n_before: int, n: int) -> None:
+        raise NoSpaceError(
+            f"the stream needs {n_before + n} cells ({n_before} already in the cache + {n} new tokens) "
+            f"but the KV cache holds {self.n_ctx()}: enlarge the cache (-c / n_ctx)"
+        )
+
+    def _check(self, rc: int) -> None:
+        if rc != _lib.FARCTX_OK:
+            raise FarctxError(_message(_lib.farctx_session_error(self._session)))
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Tokens in the stream, KV cells in use, cache size and bytes (the library's own counts)."""
+        s = _ffi.new("struct farctx_stats *")
+        _lib.farctx_session_stats(self._session, s)
+        return {
+            "n_past": int(s.n_past),
+            "n_ctx": int(s.n_ctx),
+            "n_cells_used": int(s.n_cells_used),
+            "n_ctx_train": int(s.n_ctx_train),
+            "n_decode": int(s.n_decode),
+            "kv_bytes": int(s.kv_bytes),
+        }
+
+    def close(self) -> None:
+        self._session = None  # freed before the context it points into
+        super().close()
