@@ -13,17 +13,31 @@ import click
 from .options import llama_kwargs, method_options, model_option, runtime_options
 
 
-class FarctxGroup(click.Group):
-    """Turns farctx's and llama.cpp's errors into one line on stderr and exit status 1."""
+def _fail(message: str, code: int) -> None:
+    click.echo(f"farctx: error: {message}", err=True)
+    sys.exit(code)
 
-    def invoke(self, ctx: click.Context) -> Any:
+
+class FarctxGroup(click.Group):
+    """Every error as one line on stderr: usage errors exit 2, failed runs 1 (no traceback)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         from farctx.errors import FarctxError
 
+        kwargs["standalone_mode"] = False
         try:
-            return super().invoke(ctx)
+            result = super().main(*args, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("aborted", 1)
         except (FarctxError, ValueError, RuntimeError, OSError) as exc:
-            click.echo(f"farctx: error: {exc}", err=True)
-            ctx.exit(1)
+            _fail(str(exc), 1)
+        if isinstance(result, int):  # standalone_mode=False returns the exit code of --help and co.
+            sys.exit(result)
+        return result
 
 
 @click.group(cls=FarctxGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _paths
 from .errors import FarctxError, NoSpaceError
 from .methods import METHODS, MethodParams
 from .models import ModelInfo, default_model_path, model_info
@@ -26,6 +27,11 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+try:  # so that a later `import llama_cpp` loads the patched libllama too
+    _paths.point_llama_cpp_at_our_build()
+except FarctxError:
+    pass  # not built yet: farctx.Llama says so when asked for
 
 
 def __getattr__(name: str) -> Any:

@@ -7,18 +7,21 @@ libfarctx, which applies the chosen attention method.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from ._log import LlamaLog
 from ._native import native
 from .errors import FarctxError, NoSpaceError
 from .methods import MethodParams
-from .models import read_gguf, resolve_model_path
+from .models import check_gguf, resolve_model_path
 
 _N = native()
 _ffi, _lib = _N.ffi, _N.lib
+_LOG = LlamaLog(_N.llama_cpp)
 
 # progress(n_done, n_total) -> None; raise to cancel
 ProgressFn = Callable[[int, int], None]
@@ -34,6 +37,20 @@ def _err_buffer() -> Any:
 
 def _message(buf: Any) -> str:
     return _ffi.string(buf).decode("utf-8", errors="replace")
+
+
+_LLAMA_KWARGS = {
+    name
+    for name, p in inspect.signature(_N.llama_cpp.Llama.__init__).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY or p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+} - {"self", "model_path"}
+
+
+def _check_kv_types(kwargs: dict[str, Any]) -> None:
+    type_v = kwargs.get("type_v")
+    quantized = type_v is not None and type_v not in (0, 1, 30)  # F32, F16, BF16
+    if quantized and not kwargs.get("flash_attn", False):
+        raise FarctxError("a quantized V cache (-ctv) needs flash attention (-fa on)")
 
 
 class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
@@ -54,6 +71,9 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         **kwargs: Any,
     ) -> None:
         method_values = {name: kwargs.pop(name) for name in MethodParams.names() if name in kwargs}
+        unknown = sorted(set(kwargs) - _LLAMA_KWARGS)
+        if unknown:  # llama_cpp.Llama swallows unknown keywords; a typo should not pass silently
+            raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         self.method_params = MethodParams.from_kwargs(method, method_values)
         c_params = self.method_params.to_c(_ffi, _lib)
         err = _err_buffer()
@@ -61,13 +81,17 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             raise FarctxError(_message(err))
 
         path = resolve_model_path(model_path)
-        read_gguf(path)
+        check_gguf(path)
+        _check_kv_types(kwargs)
         kwargs.setdefault("verbose", False)
         self._session: Any = None
+        _LOG.clear()
         try:
             super().__init__(model_path=str(path), **kwargs)
         except ValueError as exc:
-            raise FarctxError(f"llama.cpp could not load {path}: {exc}") from None
+            reason = _LOG.reason() or str(exc)
+            raise FarctxError(f"llama.cpp could not load {path}: {reason}") from None
+        _LOG.verbose = bool(kwargs["verbose"])
 
         ctx = _N.llama_context_ptr(self._ctx.ctx)
         session = _lib.farctx_session_init(ctx, c_params, err, 512)
@@ -77,6 +101,12 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self._session = _ffi.gc(session, _lib.farctx_session_free)
         self.method_params = MethodParams.from_c(_lib.farctx_session_params(self._session), _ffi, _lib)
         self.progress = progress
+        # llama.cpp rounds the cache up (to 256 cells): size the token and score buffers to the real cache
+        n_ctx = self.n_ctx()
+        if self.input_ids.shape[0] < n_ctx:
+            self.input_ids = np.zeros(n_ctx, dtype=np.intc)
+            if self._logits_all:
+                self.scores = np.zeros((n_ctx, self._n_vocab), dtype=np.single)
         self._last_logits = np.empty(self._n_vocab, dtype=np.single)
 
     # -- the token stream -------------------------------------------------------------------
@@ -162,4 +192,5 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
 
     def close(self) -> None:
         self._session = None  # freed before the context it points into
-        super().close()
+        if hasattr(self, "_stack"):  # absent when __init__ failed before llama_cpp's own
+            super().close()

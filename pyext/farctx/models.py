@@ -74,12 +74,23 @@ def _field(reader: Any, key: str) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
+def check_gguf(path: Path) -> None:
+    """Cheap check before llama.cpp opens the file (it validates the rest and says why it fails)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise FarctxError(f"cannot read model file {path}: {exc.strerror}") from None
+    if head[:4] != b"GGUF":
+        raise FarctxError(f"not a GGUF file (bad magic {head[:4]!r}): {path}")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise FarctxError(f"unsupported GGUF version {version}: {path}")
+
+
 def read_gguf(path: Path) -> Any:
     """A GGUFReader over the file, or a FarctxError saying why it is not a usable GGUF."""
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise FarctxError(f"not a GGUF file (bad magic {magic!r}): {path}")
+    check_gguf(path)
     from gguf import GGUFReader
 
     try:

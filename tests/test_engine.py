@@ -1,0 +1,71 @@
+"""farctx.Llama is a drop-in for llama_cpp.Llama: completions, chat, streaming, eval with scores."""
+
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+from helpers import random_tokens
+
+import farctx
+
+
+def test_is_a_llama_cpp_llama(tiny_model):
+    llm = farctx.Llama(str(tiny_model), n_ctx=128)
+    assert isinstance(llm, llama_cpp.Llama)
+    assert llm.method_params.method == "vanilla"
+    assert llm.method_params.n_ctx_train == 32  # resolved from the GGUF
+    assert llm.method_params.n_local == 32
+    llm.close()
+
+
+def test_completion_chat_and_stream_agree(tiny_model):
+    llm = farctx.Llama(str(tiny_model), n_ctx=256, seed=3)
+    plain = llm.create_completion("Hello there", max_tokens=8, temperature=0)
+    streamed = "".join(c["choices"][0]["text"] for c in llm("Hello there", max_tokens=8, temperature=0, stream=True))
+    assert plain["object"] == "text_completion"
+    assert plain["choices"][0]["text"] == streamed
+    chat = llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["completion_tokens"] <= 4
+    llm.close()
+
+
+def test_eval_fills_scores_and_stats(tiny_model):
+    llm = farctx.Llama(str(tiny_model), n_ctx=128, logits_all=True, progress=None)
+    tokens = random_tokens(50)
+    seen = []
+    llm.progress = lambda done, total: seen.append((done, total))
+    llm.eval(tokens)
+    assert llm.n_tokens == 50 and list(llm.input_ids[:50]) == tokens
+    assert np.isfinite(llm.scores[:50]).all() and np.abs(llm.scores[:50]).max() > 0
+    assert seen and seen[-1] == (50, 50)
+    stats = llm.stats()
+    assert stats["n_past"] == 50 and stats["n_cells_used"] == 50 and stats["kv_bytes"] > 0
+    llm.reset()
+    llm.eval(tokens[:10])  # a reset stream starts again at position 0
+    assert llm.stats()["n_cells_used"] == 10
+    llm.close()
+
+
+def test_progress_callback_can_cancel_without_losing_the_stream(tiny_model):
+    llm = farctx.Llama(str(tiny_model), n_ctx=256, n_batch=16, n_ubatch=16)
+    llm.eval(random_tokens(20))
+
+    def stop(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    llm.progress = stop
+    try:
+        llm.eval(random_tokens(100, seed=2))
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the cancel did not propagate")
+    assert llm.n_tokens == 20 and llm.stats()["n_cells_used"] == 20
+    llm.close()
+
+
+def test_default_model_loads_without_a_path():
+    llm = farctx.Llama(n_ctx=64)
+    assert llm.model_path == str(farctx.default_model_path())
+    llm.close()

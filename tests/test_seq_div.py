@@ -1,0 +1,58 @@
+"""Patch 0002: llama_memory_seq_div moves cached keys onto their new positions (as seq_add does)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from helpers import random_tokens
+
+N = 64
+
+
+def _next_logits(tiny_model, tokens, shift, next_pos: int) -> np.ndarray:
+    """Feed tokens, re-position the cache with `shift(mem)`, then decode one more token."""
+    import farctx
+    import llama_cpp
+
+    llm = farctx.Llama(str(tiny_model), n_ctx=128, n_batch=128, type_k=0, type_v=0)
+    try:
+        llm.eval(tokens[:N])
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        shift(llama_cpp, mem)
+        next_token = (ctypes.c_int32 * 1)(tokens[N])
+        batch = llama_cpp.llama_batch_get_one(next_token, 1)  # position: after the last one in the cache
+        assert llama_cpp.llama_decode(llm.ctx, batch) == 0
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == next_pos
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).astype(np.float64).copy()
+    finally:
+        llm.close()
+
+
+def test_seq_div_equals_per_cell_seq_add(tiny_model):
+    tokens = random_tokens(N + 1, seed=7)
+
+    def divide(llama_cpp, mem):
+        llama_cpp.llama_memory_seq_div(mem, 0, 0, N, 2)
+
+    def add_per_cell(llama_cpp, mem):
+        for p in range(1, N):  # ascending: a moved cell never lands in a later range
+            llama_cpp.llama_memory_seq_add(mem, 0, p, p + 1, p // 2 - p)
+
+    by_div = _next_logits(tiny_model, tokens, divide, N // 2)
+    by_add = _next_logits(tiny_model, tokens, add_per_cell, N // 2)
+    assert np.abs(by_div - by_add).max() <= 1e-4, np.abs(by_div - by_add).max()
+
+
+def test_seq_add_round_trip_is_exact(tiny_model, oracle):
+    """Two K-shifts that add up to +5 give the oracle's logits (only distances matter)."""
+    tokens = random_tokens(N + 1, seed=8)
+
+    def there_and_back(llama_cpp, mem):
+        llama_cpp.llama_memory_seq_add(mem, 0, 0, N, 12)
+        llama_cpp.llama_memory_seq_add(mem, 0, 0, N + 12, -7)
+
+    got = _next_logits(tiny_model, tokens, there_and_back, N + 5)
+    ref = oracle.logits(tokens)[N]
+    assert np.abs(got - ref).max() <= 1e-4
