@@ -52,7 +52,11 @@ rm -rf "$patched.tmp"
 cp -a "$stock" "$patched.tmp"
 for p in "$root"/patches/*.patch; do
     [ -e "$p" ] || continue
-    if ! (cd "$patched.tmp" && git apply --whitespace=nowarn "$p"); then
+    # the ceiling keeps git from treating the tree as part of an enclosing repository (where
+    # `git apply` would silently skip every path outside the current folder)
+    if ! (cd "$patched.tmp" && GIT_CEILING_DIRECTORIES="$root/build" git apply --verbose --whitespace=nowarn "$p" 2>"$root/build/apply.log") \
+            || grep -q "^Skipped" "$root/build/apply.log"; then
+        cat "$root/build/apply.log" >&2
         echo "farctx: patch does not apply: patches/$(basename "$p")" >&2
         rm -rf "$patched.tmp"
         exit 1
