@@ -14,6 +14,8 @@ struct farctx_session {
     struct farctx_params params;   /* defaults resolved */
     int64_t n_past;                /* tokens fed so far                 */
     int32_t n_decode;              /* llama_decode calls                */
+    bool    fill_error;            /* the policy refused a ubatch       */
+    int64_t evicted_to;            /* positions [n_global, evicted_to) left the cache */
     char    error[FARCTX_ERR_LEN];
 };
 
@@ -29,3 +31,12 @@ int32_t farctx_fail(char * buf, size_t size, int32_t code, const char * fmt, ...
 
 /* fill 0 / negative fields from the model and the method defaults */
 void farctx_params_resolve(struct farctx_params * p, const struct llama_model * model);
+
+/* policy (farctx-policy.c): the attention mechanism's settings for the method, the fill callback,
+ * and the cache it needs */
+int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_extrap_params * out);
+int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub);
+/* first position (beyond the global tokens) that the query at next_pos can still read */
+int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next_pos);
+/* whether the method streams through a fixed-size cache (evicting what no query reads again) */
+bool farctx_policy_fixed_cache(const struct farctx_params * p);

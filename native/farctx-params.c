@@ -51,8 +51,16 @@ int32_t farctx_method_from_name(const char * name) {
 }
 
 bool farctx_method_available(int32_t method) {
-    /* the attention mechanism of the other methods lands with their patches */
-    return method == FARCTX_METHOD_VANILLA;
+    switch (method) {
+        case FARCTX_METHOD_VANILLA:
+        case FARCTX_METHOD_LMINF:
+        case FARCTX_METHOD_WINDOW:
+        case FARCTX_METHOD_LAMBDA_ONLY:
+        case FARCTX_METHOD_REROPE:
+            return true;
+        default:  /* streaming, mesa, selfextend: not yet */
+            return false;
+    }
 }
 
 void farctx_params_resolve(struct farctx_params * p, const struct llama_model * model) {
@@ -104,6 +112,10 @@ int32_t farctx_params_validate(const struct farctx_params * params, const struct
         if (p.n_ctx_train <= 0) {
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                                "the model does not declare its trained context length: set n_ctx_train");
+        }
+        if (p.method == FARCTX_METHOD_LMINF && p.n_global >= p.n_local) {
+            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                               "n_global (%d) must be smaller than n_local (%d)", p.n_global, p.n_local);
         }
     }
 

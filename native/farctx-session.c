@@ -29,18 +29,60 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     s->params = *params;
     farctx_params_resolve(&s->params, model);
 
+    if (farctx_policy_fixed_cache(&s->params)) {
+        const int64_t need = (int64_t) s->params.n_global + s->params.n_local + llama_n_ubatch(ctx);
+        if ((int64_t) llama_n_ctx(ctx) < need) {
+            farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                "the KV cache holds %u cells, %s needs n_global + n_local + n_ubatch = %d + %d + %u = %lld: "
+                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx),
+                farctx_method_name(s->params.method), s->params.n_global, s->params.n_local,
+                llama_n_ubatch(ctx), (long long) need);
+            free(s);
+            return NULL;
+        }
+    }
+
+    struct llama_attn_extrap_params ex;
+    farctx_policy_setup(s, &ex);
+    const int32_t rc = llama_set_attn_extrap(ctx, &ex);
+    if (rc != LLAMA_ATTN_EXTRAP_OK) {
+        farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run here: %s",
+            farctx_method_name(s->params.method),
+            rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model "
+                                                  "with one unified KV cache: no recurrent, MLA, M-RoPE or "
+                                                  "sliding-window layers)" :
+            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context has several KV streams (use n_seq_max = 1)" :
+                                                  "llama.cpp refused the attention parameters");
+        free(s);
+        return NULL;
+    }
+
     /* the stream starts empty: whatever seq 0 held before is not part of it */
     llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
     return s;
 }
 
 void farctx_session_free(struct farctx_session * session) {
+    if (session == NULL) {
+        return;
+    }
+    /* the context may outlive the session: leave it with the stock graph */
+    struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
+    llama_set_attn_extrap(session->ctx, &none);
     free(session);
 }
 
 static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
     const int64_t n_ctx = llama_n_ctx(s->ctx);
     const int64_t need  = s->n_past + n_tokens;
+    if (need > INT32_MAX) {
+        return farctx_session_fail(s, FARCTX_ERR_NO_SPACE,
+            "the stream would pass %lld tokens: llama.cpp positions are 32-bit (at most %d)",
+            (long long) need, INT32_MAX);
+    }
+    if (farctx_policy_fixed_cache(&s->params)) {
+        return FARCTX_OK;  /* evicts as it goes */
+    }
     if (need > n_ctx) {
         return farctx_session_fail(s, FARCTX_ERR_NO_SPACE,
             "the stream needs %lld cells (%lld already in the cache + %d new tokens) but the KV cache "
@@ -78,8 +120,11 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         return rc;
     }
 
-    const int32_t n_batch = (int32_t) llama_n_batch(s->ctx);
+    const bool    fixed   = farctx_policy_fixed_cache(&s->params);
+    /* a fixed-size cache evicts between calls: one ubatch per llama_decode */
+    const int32_t n_batch = (int32_t) (fixed ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
     struct llama_batch batch = llama_batch_init(n_batch, 0, 1);
+    llama_memory_t mem = llama_get_memory(s->ctx);
 
     for (int32_t done = 0; done < n_tokens; ) {
         const int32_t n = (n_tokens - done < n_batch) ? n_tokens - done : n_batch;
@@ -94,8 +139,24 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             batch.logits[i]    = logits != NULL && (all_logits || (last_chunk && i == n - 1));
         }
 
+        if (fixed) {
+            /* keys that no query from here on reads: positions [n_global, first needed) */
+            const int64_t first = farctx_policy_first_needed(s, s->n_past);
+            if (first > s->params.n_global && first > s->evicted_to) {
+                llama_memory_seq_rm(mem, 0, s->params.n_global, (llama_pos) first);
+                s->evicted_to = first;
+            }
+        }
+
+        s->fill_error = false;
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
+        if (ret == 0 && s->fill_error) {
+            llama_batch_free(batch);
+            llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
+            return farctx_session_fail(s, FARCTX_ERR_PARAM,
+                "the global tokens are not in the first cells of the cache: start the stream in an empty cache");
+        }
         if (ret != 0) {
             llama_batch_free(batch);
             /* a failed decode leaves no partial tokens of this batch in the stream */
@@ -135,6 +196,15 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
     if (n_keep < 0 || n_keep > s->n_past) {
         return farctx_session_fail(s, FARCTX_ERR_PARAM, "cannot rewind to %lld: the stream has %lld tokens",
                                    (long long) n_keep, (long long) s->n_past);
+    }
+    int64_t needed = farctx_policy_first_needed(s, n_keep);
+    if (needed < s->params.n_global) {
+        needed = s->params.n_global;
+    }
+    if (farctx_policy_fixed_cache(&s->params) && needed < s->evicted_to) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM,
+            "cannot rewind to %lld: the keys it needs left the cache (positions up to %lld were evicted)",
+            (long long) n_keep, (long long) s->evicted_to - 1);
     }
     llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
     s->n_past = n_keep;

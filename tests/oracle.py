@@ -99,3 +99,25 @@ class OracleModel:
             u = h @ t[p + "ffn_up.weight"].T
             x = x + ((g / (1.0 + np.exp(-g))) * u) @ t[p + "ffn_down.weight"].T
         return self._rms(x, t["output_norm.weight"]) @ t["output.weight"].T
+
+
+def method_rule(method: str, n: int, n_local: int, n_global: int = 0) -> AttentionRule:
+    """DESIGN.md section 1, literally, for a stream of n tokens (positions 0..n-1)."""
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    d = i - j
+    causal = j <= i
+    L, G = n_local, n_global
+    if method == "vanilla":
+        allowed, relpos = causal, d
+    elif method == "window":
+        allowed, relpos = causal & (d < L), d
+    elif method == "lambda-only":
+        allowed, relpos = causal & ((d < L) | (j < G)), d
+    elif method == "lminf":
+        allowed, relpos = causal & ((d < L) | (j < G)), np.where(d < L, d, L)
+    elif method == "rerope":
+        allowed, relpos = causal, np.minimum(d, L)
+    else:
+        raise ValueError(f"no oracle rule for {method}")
+    return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))

@@ -16,7 +16,7 @@ import numpy as np
 from ._log import LlamaLog
 from ._native import native
 from .errors import FarctxError, NoSpaceError
-from .methods import MethodParams
+from .methods import FIXED_CACHE_METHODS, MethodParams
 from .models import check_gguf, resolve_model_path
 
 _N = native()
@@ -120,6 +120,8 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self._check(_lib.farctx_session_rewind(self._session, n_before))
 
         arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
+        if n_before + n > self.input_ids.shape[0] and self.method_params.method in FIXED_CACHE_METHODS:
+            self._grow(n_before + n)  # the stream outgrows the cache: only the Python record grows
         if self._logits_all:
             if n_before + n > self.scores.shape[0]:
                 self._raise_no_space(n_before, n)
@@ -146,6 +148,16 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self.input_ids[n_before : n_before + n] = arr
         self.n_tokens = n_before + n
         self._requires_eval = False
+
+    def _grow(self, n: int) -> None:
+        size = max(n, 2 * self.input_ids.shape[0])
+        ids = np.zeros(size, dtype=np.intc)
+        ids[: self.n_tokens] = self.input_ids[: self.n_tokens]
+        self.input_ids = ids
+        if self._logits_all:
+            scores = np.zeros((size, self._n_vocab), dtype=np.single)
+            scores[: self.n_tokens] = self.scores[: self.n_tokens]
+            self.scores = scores
 
     def _progress_callback(self, n_total: int) -> Any:
         self._progress_error: Optional[BaseException] = None

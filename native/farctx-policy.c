@@ -1,0 +1,97 @@
+/* farctx: the attention methods' definitions (DESIGN.md section 1) as per-ubatch masks and RoPE deltas */
+#include "farctx-impl.h"
+
+#include <math.h>
+
+/* a key j (true position) is visible from query i in the main segment, with relpos i - j */
+static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
+    if (j < 0 || j > i) {
+        return false;
+    }
+    const int32_t d = i - j;
+    switch (p->method) {
+        case FARCTX_METHOD_WINDOW:
+        case FARCTX_METHOD_LMINF:       return d < p->n_local;
+        case FARCTX_METHOD_LAMBDA_ONLY: return d < p->n_local || j < p->n_global;
+        case FARCTX_METHOD_REROPE:      return d < p->n_local;
+        default:                        return true;
+    }
+}
+
+/* second segment (bounded distance): keys beyond the window, seen at distance n_local */
+static bool seg2_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
+    if (j < 0 || j > i || i - j < p->n_local) {
+        return false;
+    }
+    switch (p->method) {
+        case FARCTX_METHOD_LMINF:  return j < p->n_global;
+        case FARCTX_METHOD_REROPE: return true;
+        default:                   return false;
+    }
+}
+
+int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_extrap_params * out) {
+    const struct farctx_params * p = &s->params;
+    *out = llama_attn_extrap_default_params();
+    if (p->method == FARCTX_METHOD_VANILLA) {
+        return FARCTX_OK;
+    }
+    out->mode      = LLAMA_ATTN_EXTRAP_CUSTOM;
+    out->fill      = farctx_policy_fill;
+    out->user_data = (void *) s;
+    switch (p->method) {
+        case FARCTX_METHOD_LMINF:  out->n_seg2 = p->n_global; break;  /* the sinks: cells [0, G) */
+        case FARCTX_METHOD_REROPE: out->n_seg2 = -1;          break;  /* every cell              */
+        default:                   out->n_seg2 = 0;           break;
+    }
+    return FARCTX_OK;
+}
+
+int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
+    struct farctx_session * s = (struct farctx_session *) user_data;
+    const struct farctx_params * p = &s->params;
+    const int32_t L = p->n_local;
+
+    for (int32_t t = 0; t < ub->n_tokens; ++t) {
+        const int32_t i = ub->q_pos[t];
+        float * row = ub->mask + (size_t) t * ub->n_kv;
+        for (int32_t c = 0; c < ub->n_kv; ++c) {
+            row[c] = main_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
+        }
+        if (ub->n_seg2 > 0) {
+            float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
+            for (int32_t c = 0; c < ub->n_seg2; ++c) {
+                row2[c] = seg2_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
+            }
+            ub->seg2_q_delta[t] = L - i;  /* the query sits at position L ... */
+        }
+    }
+    for (int32_t c = 0; c < ub->n_seg2; ++c) {
+        const int32_t j = ub->kv_pos[c];
+        ub->seg2_k_delta[c] = j >= 0 ? -j : 0;  /* ... and the key at 0: distance L */
+        if (p->method == FARCTX_METHOD_LMINF && j >= 0 && j != c) {
+            /* the global tokens must sit in the first cells (the stream started in an empty cache) */
+            s->fill_error = true;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next_pos) {
+    const struct farctx_params * p = &s->params;
+    switch (p->method) {
+        case FARCTX_METHOD_LMINF:
+        case FARCTX_METHOD_WINDOW:
+        case FARCTX_METHOD_LAMBDA_ONLY:
+            /* the next query at next_pos reads keys j > next_pos - n_local (and the globals) */
+            return next_pos - p->n_local + 1;
+        default:
+            return 0;  /* keeps every key */
+    }
+}
+
+bool farctx_policy_fixed_cache(const struct farctx_params * p) {
+    return p->method == FARCTX_METHOD_LMINF || p->method == FARCTX_METHOD_WINDOW ||
+           p->method == FARCTX_METHOD_LAMBDA_ONLY;
+}

@@ -1,0 +1,97 @@
+"""LM-Infinite and its ablations through the patched attention graph equal the numpy oracle,
+token by token, over streams several times n_local (prefill, then one-token decodes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from oracle import method_rule
+
+import farctx
+
+N_TOKENS = 160   # 5 x n_local
+N_PREFILL = 100
+N_LOCAL = 32     # the tiny model's n_ctx_train: the default n_local
+N_GLOBAL = 10    # the default n_global
+METHODS = ["lminf", "window", "lambda-only", "rerope"]
+
+
+def test_design_test_vector_lminf():
+    """DESIGN.md 1.1, L=3, G=2: relpos per key 0..i (`*` global, `-` masked)."""
+    rule = method_rule("lminf", 8, n_local=3, n_global=2)
+
+    def row(i: int) -> list[str]:
+        return [
+            (f"{rule.relpos[i, j]}*" if j < 2 and i - j >= 3 else str(rule.relpos[i, j])) if rule.allowed[i, j] else "-"
+            for j in range(i + 1)
+        ]
+
+    assert row(3) == ["3*", "2", "1", "0"]
+    assert row(5) == ["3*", "3*", "-", "2", "1", "0"]
+    assert row(7) == ["3*", "3*", "-", "-", "-", "2", "1", "0"]
+
+
+@pytest.fixture(scope="module")
+def references(oracle):
+    tokens = random_tokens(N_TOKENS, seed=11)
+    return tokens, {m: oracle.logits(tokens, method_rule(m, N_TOKENS, N_LOCAL, N_GLOBAL)) for m in METHODS}
+
+
+def test_methods_differ_from_vanilla_in_the_oracle(oracle, references):
+    """Past n_local every method changes the logits by far more than any tolerance: the checks can fail."""
+    tokens, refs = references
+    vanilla = oracle.logits(tokens)
+    for method, ref in refs.items():
+        assert np.abs(ref[:N_LOCAL] - vanilla[:N_LOCAL]).max() < 1e-9, method  # within n_local: vanilla
+        assert np.abs(ref[N_LOCAL + 8 :] - vanilla[N_LOCAL + 8 :]).max() > 0.1 * np.abs(vanilla).max(), method
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 7, 64])
+@pytest.mark.parametrize("kv", KV_CONFIGS, ids=kv_id)
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_oracle(tiny_model, references, method, kv, n_ubatch):
+    tokens, refs = references
+    type_k, type_v, fa = kv
+    got = engine_logits(tiny_model, tokens, N_PREFILL, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                        flash_attn=fa, method=method, n_ctx=256)
+    tolerance(type_k, type_v, fa).check(got, refs[method], f"{method} {kv_id(kv)} ubatch {n_ubatch}")
+
+
+def test_lminf_equals_vanilla_within_n_local(tiny_model):
+    tokens = random_tokens(N_LOCAL, seed=12)
+    vanilla = engine_logits(tiny_model, tokens, N_LOCAL, n_ubatch=7)
+    lminf = engine_logits(tiny_model, tokens, N_LOCAL, n_ubatch=7, method="lminf", n_ctx=256)
+    assert np.abs(vanilla - lminf).max() <= 1e-5
+
+
+@pytest.mark.parametrize("method", ["lminf", "window", "lambda-only"])
+def test_fixed_cache_over_a_long_stream(tiny_model, method):
+    """10,000 tokens through a 256-cell cache: never more than n_global + n_local + n_ubatch cells in use."""
+    n_ubatch = 64
+    llm = farctx.Llama(str(tiny_model), method=method, n_ctx=256, n_batch=1024, n_ubatch=n_ubatch)
+    bound = N_GLOBAL + N_LOCAL + n_ubatch
+    tokens = random_tokens(10_000, seed=13)
+    peak = 0
+    llm.progress = lambda done, total: None
+    for start in range(0, len(tokens), 1000):
+        llm.eval(tokens[start : start + 1000])
+        peak = max(peak, llm.stats()["n_cells_used"])
+    stats = llm.stats()
+    assert stats["n_past"] == 10_000 and llm.n_tokens == 10_000
+    assert peak <= bound and stats["n_cells_used"] <= bound
+    llm.close()
+
+
+def test_cache_too_small_is_refused(tiny_model):
+    with pytest.raises(farctx.FarctxError, match="needs n_global \\+ n_local \\+ n_ubatch"):
+        farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=256, n_local=32)
+
+
+def test_rewind_into_evicted_keys_is_refused(tiny_model):
+    llm = farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=16)
+    llm.eval(random_tokens(200, seed=14))
+    llm.n_tokens = 50  # as llama_cpp's prefix reuse would do
+    with pytest.raises(farctx.FarctxError, match="left the cache"):
+        llm.eval([1])
+    llm.close()
