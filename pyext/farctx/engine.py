@@ -86,12 +86,12 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         kwargs.setdefault("verbose", False)
         self._session: Any = None
         _LOG.clear()
+        _LOG.verbose = bool(kwargs["verbose"])
         try:
             super().__init__(model_path=str(path), **kwargs)
         except ValueError as exc:
             reason = _LOG.reason() or str(exc)
             raise FarctxError(f"llama.cpp could not load {path}: {reason}") from None
-        _LOG.verbose = bool(kwargs["verbose"])
 
         ctx = _N.llama_context_ptr(self._ctx.ctx)
         session = _lib.farctx_session_init(ctx, c_params, err, 512)
