@@ -16,7 +16,7 @@ import numpy as np
 from ._log import LlamaLog
 from ._native import native
 from .errors import FarctxError, NoSpaceError
-from .methods import FIXED_CACHE_METHODS, MethodParams
+from .methods import MethodParams
 from .models import check_gguf, resolve_model_path
 
 _N = native()
@@ -120,11 +120,10 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self._check(_lib.farctx_session_rewind(self._session, n_before))
 
         arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
-        if n_before + n > self.input_ids.shape[0] and self.method_params.method in FIXED_CACHE_METHODS:
-            self._grow(n_before + n)  # the stream outgrows the cache: only the Python record grows
+        if n_before + n > self.input_ids.shape[0]:
+            # a stream may outgrow the cache (methods that evict); libfarctx decides what fits
+            self._grow(n_before + n)
         if self._logits_all:
-            if n_before + n > self.scores.shape[0]:
-                self._raise_no_space(n_before, n)
             out = self.scores[n_before : n_before + n]
         else:
             out = self._last_logits
@@ -176,12 +175,6 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
 
         self._progress_cb_ref = callback  # keep alive during the call
         return callback
-
-    def _raise_no_space(self, n_before: int, n: int) -> None:
-        raise NoSpaceError(
-            f"the stream needs {n_before + n} cells ({n_before} already in the cache + {n} new tokens) "
-            f"but the KV cache holds {self.n_ctx()}: enlarge the cache (-c / n_ctx)"
-        )
 
     def _check(self, rc: int) -> None:
         if rc != _lib.FARCTX_OK:

