@@ -38,5 +38,7 @@ int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_e
 int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub);
 /* first position (beyond the global tokens) that the query at next_pos can still read */
 int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next_pos);
-/* whether the method streams through a fixed-size cache (evicting what no query reads again) */
+/* farctx_method_fixed_cache for the params' method */
 bool farctx_policy_fixed_cache(const struct farctx_params * p);
+/* tokens at the head of the stream that are never evicted (globals, sinks) */
+int32_t farctx_policy_head(const struct farctx_params * p);

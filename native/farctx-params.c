@@ -57,8 +57,9 @@ bool farctx_method_available(int32_t method) {
         case FARCTX_METHOD_WINDOW:
         case FARCTX_METHOD_LAMBDA_ONLY:
         case FARCTX_METHOD_REROPE:
+        case FARCTX_METHOD_STREAMING:
             return true;
-        default:  /* streaming, mesa, selfextend: not yet */
+        default:  /* mesa, selfextend: not yet */
             return false;
     }
 }
@@ -68,8 +69,21 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
         p->n_ctx_train = llama_model_n_ctx_train(model);
     }
     if (p->n_local <= 0) {
-        p->n_local = p->n_ctx_train;
+        /* streaming: sinks plus window fill the trained context */
+        p->n_local = p->method == FARCTX_METHOD_STREAMING ? p->n_ctx_train - p->n_sink : p->n_ctx_train;
     }
+}
+
+int64_t farctx_params_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch) {
+    if (params == NULL || !farctx_method_fixed_cache(params->method)) {
+        return 0;
+    }
+    struct farctx_params p = *params;
+    if (p.n_ctx_train <= 0) {
+        p.n_ctx_train = n_ctx_train;
+    }
+    farctx_params_resolve(&p, NULL);
+    return (int64_t) farctx_policy_head(&p) + p.n_local + n_ubatch;
 }
 
 int32_t farctx_params_validate(const struct farctx_params * params, const struct llama_model * model,
@@ -116,6 +130,10 @@ int32_t farctx_params_validate(const struct farctx_params * params, const struct
         if (p.method == FARCTX_METHOD_LMINF && p.n_global >= p.n_local) {
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                                "n_global (%d) must be smaller than n_local (%d)", p.n_global, p.n_local);
+        }
+        if (p.n_local < 1) {
+            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                               "n_local must be >= 1 (n_ctx_train %d, n_sink %d)", p.n_ctx_train, p.n_sink);
         }
     }
 

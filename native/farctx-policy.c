@@ -11,7 +11,8 @@ static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
     const int32_t d = i - j;
     switch (p->method) {
         case FARCTX_METHOD_WINDOW:
-        case FARCTX_METHOD_LMINF:       return d < p->n_local;
+        case FARCTX_METHOD_LMINF:
+        case FARCTX_METHOD_STREAMING:   return d < p->n_local;
         case FARCTX_METHOD_LAMBDA_ONLY: return d < p->n_local || j < p->n_global;
         case FARCTX_METHOD_REROPE:      return d < p->n_local;
         default:                        return true;
@@ -24,8 +25,9 @@ static bool seg2_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
         return false;
     }
     switch (p->method) {
-        case FARCTX_METHOD_LMINF:  return j < p->n_global;
-        case FARCTX_METHOD_REROPE: return true;
+        case FARCTX_METHOD_LMINF:     return j < p->n_global;
+        case FARCTX_METHOD_STREAMING: return j < p->n_sink;
+        case FARCTX_METHOD_REROPE:    return true;
         default:                   return false;
     }
 }
@@ -40,17 +42,49 @@ int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_e
     out->fill      = farctx_policy_fill;
     out->user_data = (void *) s;
     switch (p->method) {
-        case FARCTX_METHOD_LMINF:  out->n_seg2 = p->n_global; break;  /* the sinks: cells [0, G) */
-        case FARCTX_METHOD_REROPE: out->n_seg2 = -1;          break;  /* every cell              */
+        case FARCTX_METHOD_LMINF:     out->n_seg2 = p->n_global; break;  /* the globals: cells [0, G) */
+        case FARCTX_METHOD_STREAMING: out->n_seg2 = p->n_sink;   break;  /* the sinks: cells [0, S)   */
+        case FARCTX_METHOD_REROPE:    out->n_seg2 = -1;          break;  /* every cell                */
         default:                   out->n_seg2 = 0;           break;
     }
     return FARCTX_OK;
 }
 
+/*
+ * Second segment, as RoPE positions: query at q2(i), key j at k2(j), so relpos = q2(i) - k2(j).
+ *   lminf, rerope: q2 = n_local, k2 = 0                      -> relpos n_local
+ *   streaming:     q2 = min(n_sink + R - 1, i), k2 = j (true) -> the cache-index distance of
+ *                  StreamingLLM: query at its cache slot, sink s at slot s
+ */
+static int32_t seg2_query_pos(const struct farctx_params * p, int32_t i) {
+    if (p->method == FARCTX_METHOD_STREAMING) {
+        const int32_t last_slot = p->n_sink + p->n_local - 1;
+        return i < last_slot ? i : last_slot;
+    }
+    return p->n_local;
+}
+
+static int32_t seg2_key_pos(const struct farctx_params * p, int32_t j) {
+    return p->method == FARCTX_METHOD_STREAMING ? j : 0;
+}
+
+/* tokens at the head of the stream that never leave the cache */
+static int32_t head_tokens(const struct farctx_params * p) {
+    switch (p->method) {
+        case FARCTX_METHOD_LMINF:
+        case FARCTX_METHOD_LAMBDA_ONLY: return p->n_global;
+        case FARCTX_METHOD_STREAMING:   return p->n_sink;
+        default:                        return 0;
+    }
+}
+
+int32_t farctx_policy_head(const struct farctx_params * p) {
+    return head_tokens(p);
+}
+
 int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
-    const int32_t L = p->n_local;
 
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int32_t i = ub->q_pos[t];
@@ -63,13 +97,13 @@ int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * u
             for (int32_t c = 0; c < ub->n_seg2; ++c) {
                 row2[c] = seg2_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
             }
-            ub->seg2_q_delta[t] = L - i;  /* the query sits at position L ... */
+            ub->seg2_q_delta[t] = seg2_query_pos(p, i) - i;
         }
     }
     for (int32_t c = 0; c < ub->n_seg2; ++c) {
         const int32_t j = ub->kv_pos[c];
-        ub->seg2_k_delta[c] = j >= 0 ? -j : 0;  /* ... and the key at 0: distance L */
-        if (p->method == FARCTX_METHOD_LMINF && j >= 0 && j != c) {
+        ub->seg2_k_delta[c] = j >= 0 ? seg2_key_pos(p, j) - j : 0;
+        if (head_tokens(p) > 0 && j >= 0 && j != c) {
             /* the global tokens must sit in the first cells (the stream started in an empty cache) */
             s->fill_error = true;
             return 1;
@@ -84,14 +118,19 @@ int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next
         case FARCTX_METHOD_LMINF:
         case FARCTX_METHOD_WINDOW:
         case FARCTX_METHOD_LAMBDA_ONLY:
-            /* the next query at next_pos reads keys j > next_pos - n_local (and the globals) */
+        case FARCTX_METHOD_STREAMING:
+            /* the next query at next_pos reads keys j > next_pos - n_local (and the head tokens) */
             return next_pos - p->n_local + 1;
         default:
             return 0;  /* keeps every key */
     }
 }
 
+bool farctx_method_fixed_cache(int32_t method) {
+    return method == FARCTX_METHOD_LMINF || method == FARCTX_METHOD_WINDOW ||
+           method == FARCTX_METHOD_LAMBDA_ONLY || method == FARCTX_METHOD_STREAMING;
+}
+
 bool farctx_policy_fixed_cache(const struct farctx_params * p) {
-    return p->method == FARCTX_METHOD_LMINF || p->method == FARCTX_METHOD_WINDOW ||
-           p->method == FARCTX_METHOD_LAMBDA_ONLY;
+    return farctx_method_fixed_cache(p->method);
 }

@@ -30,13 +30,15 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     farctx_params_resolve(&s->params, model);
 
     if (farctx_policy_fixed_cache(&s->params)) {
-        const int64_t need = (int64_t) s->params.n_global + s->params.n_local + llama_n_ubatch(ctx);
+        const int32_t head = farctx_policy_head(&s->params);
+        const int64_t need = farctx_params_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx));
         if ((int64_t) llama_n_ctx(ctx) < need) {
             farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-                "the KV cache holds %u cells, %s needs n_global + n_local + n_ubatch = %d + %d + %u = %lld: "
+                "the KV cache holds %u cells, %s needs %s + n_local + n_ubatch = %d + %d + %u = %lld: "
                 "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx),
-                farctx_method_name(s->params.method), s->params.n_global, s->params.n_local,
-                llama_n_ubatch(ctx), (long long) need);
+                farctx_method_name(s->params.method),
+                s->params.method == FARCTX_METHOD_STREAMING ? "n_sink" : "n_global",
+                head, s->params.n_local, llama_n_ubatch(ctx), (long long) need);
             free(s);
             return NULL;
         }
@@ -142,8 +144,9 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         if (fixed) {
             /* keys that no query from here on reads: positions [n_global, first needed) */
             const int64_t first = farctx_policy_first_needed(s, s->n_past);
-            if (first > s->params.n_global && first > s->evicted_to) {
-                llama_memory_seq_rm(mem, 0, s->params.n_global, (llama_pos) first);
+            const int32_t head = farctx_policy_head(&s->params);
+            if (first > head && first > s->evicted_to) {
+                llama_memory_seq_rm(mem, 0, head, (llama_pos) first);
                 s->evicted_to = first;
             }
         }
@@ -155,7 +158,7 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             llama_batch_free(batch);
             llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
             return farctx_session_fail(s, FARCTX_ERR_PARAM,
-                "the global tokens are not in the first cells of the cache: start the stream in an empty cache");
+                "the global/sink tokens are not in the first cells of the cache: start the stream in an empty cache");
         }
         if (ret != 0) {
             llama_batch_free(batch);
@@ -198,16 +201,20 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
                                    (long long) n_keep, (long long) s->n_past);
     }
     int64_t needed = farctx_policy_first_needed(s, n_keep);
-    if (needed < s->params.n_global) {
-        needed = s->params.n_global;
+    if (needed < farctx_policy_head(&s->params)) {
+        needed = farctx_policy_head(&s->params);
     }
-    if (farctx_policy_fixed_cache(&s->params) && needed < s->evicted_to) {
+    /* the keys [needed, n_keep) must still be there: evicted are [head, evicted_to) */
+    if (farctx_policy_fixed_cache(&s->params) && needed < s->evicted_to && needed < n_keep) {
         return farctx_session_fail(s, FARCTX_ERR_PARAM,
             "cannot rewind to %lld: the keys it needs left the cache (positions up to %lld were evicted)",
             (long long) n_keep, (long long) s->evicted_to - 1);
     }
     llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
     s->n_past = n_keep;
+    if (n_keep <= farctx_policy_head(&s->params)) {
+        s->evicted_to = 0;  /* only head tokens remain: nothing of the stream is missing */
+    }
     return FARCTX_OK;
 }
 

@@ -55,7 +55,8 @@ struct farctx_params {
     int32_t method;            /* enum farctx_method                                     */
     int32_t n_ctx_train;       /* trained context L_tr; 0 = the model's                  */
     int32_t n_global;          /* LM-Infinite global tokens G (default 10)               */
-    int32_t n_local;           /* LM-Infinite local window L; 0 = L_tr                   */
+    int32_t n_local;           /* local window L (lminf, window, lambda-only, rerope: 0 = L_tr;
+                                  streaming: the window R including the query, 0 = L_tr - n_sink) */
     int32_t n_sink;            /* StreamingLLM sinks S (default 4)                       */
     int32_t first_chunk;       /* Mesa first chunk F (default 100)                       */
     int32_t stair_width;       /* Mesa stair width E (default 50)                        */
@@ -73,6 +74,9 @@ FARCTX_API const char * farctx_method_name(int32_t method);
 FARCTX_API int32_t farctx_method_from_name(const char * name);
 /* whether this build implements the method at all */
 FARCTX_API bool farctx_method_available(int32_t method);
+/* whether the method streams through a fixed-size cache (evicting what no query reads again):
+ * its streams are not limited by the cache size */
+FARCTX_API bool farctx_method_fixed_cache(int32_t method);
 
 /*
  * Check params against a model (NULL: the parameters alone). Returns FARCTX_OK or an error
@@ -82,6 +86,12 @@ FARCTX_API int32_t farctx_params_validate(
         const struct farctx_params * params,
         const struct llama_model   * model,
         char * err, size_t err_size);
+
+/*
+ * KV cells a fixed-size-cache method needs (head tokens + n_local + n_ubatch) for a model trained
+ * on n_ctx_train tokens (used when params->n_ctx_train is 0); 0 for the other methods.
+ */
+FARCTX_API int64_t farctx_params_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch);
 
 /* progress of a long feed: return false to cancel (the tokens fed so far stay in the cache) */
 typedef bool (*farctx_progress_cb)(void * user_data, int64_t n_done, int64_t n_total);

