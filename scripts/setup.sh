@@ -15,14 +15,19 @@ PY=${PYTHON:-python3}
 import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)
 PYCHECK
 
-# ccache makes rebuilds (and CI) take seconds; optional
-if ! command -v ccache >/dev/null 2>&1; then
+# Debian packages: ccache (rebuilds and CI in seconds; optional) and Jane Austen's novels
+# (r-cran-janeaustenr: the long public-domain text of the evaluations and benchmarks)
+apt_install() {  # package, what it is for
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        say "installing ccache"
-        (apt-get install -y -qq ccache >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq ccache >/dev/null 2>&1; }) \
-            || say "ccache not installed: builds will not be cached"
+        say "installing $1"
+        (apt-get install -y -qq "$1" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "$1" >/dev/null 2>&1; }) \
+            || say "$1 not installed: $2"
+    else
+        say "$1 is missing and apt-get is not usable here: $2"
     fi
-fi
+}
+command -v ccache >/dev/null 2>&1 || apt_install ccache "builds will not be cached"
+[ -f /usr/lib/R/site-library/janeaustenr/data/Rdata.rdx ] || apt_install r-cran-janeaustenr "no long texts for evaluations"
 
 venv="$root/.venv"
 if [ ! -x "$venv/bin/python" ]; then
@@ -35,7 +40,7 @@ want="$(cat pyproject.toml scripts/setup.sh scripts/llama-pin.env | sha256sum | 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing Python dependencies"
     "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    "$VPY" -m pip install -q --disable-pip-version-check numpy gguf cffi click pytest cmake ninja
+    "$VPY" -m pip install -q --disable-pip-version-check numpy gguf cffi click rdata pytest cmake ninja
     "$root/scripts/fetch-llama.sh"   # downloads the sdist once; pip installs from that file
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$VPY" -m pip install -q --disable-pip-version-check \
         "$root/build/dl/$LLAMA_CPP_PYTHON_SDIST"
