@@ -29,21 +29,6 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     s->params = *params;
     farctx_params_resolve(&s->params, model);
 
-    if (farctx_policy_fixed_cache(&s->params)) {
-        const int32_t head = farctx_policy_head(&s->params);
-        const int64_t need = farctx_params_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx));
-        if ((int64_t) llama_n_ctx(ctx) < need) {
-            farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-                "the KV cache holds %u cells, %s needs %s + n_local + n_ubatch = %d + %d + %u = %lld: "
-                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx),
-                farctx_method_name(s->params.method),
-                s->params.method == FARCTX_METHOD_STREAMING ? "n_sink" : "n_global",
-                head, s->params.n_local, llama_n_ubatch(ctx), (long long) need);
-            free(s);
-            return NULL;
-        }
-    }
-
     struct llama_attn_extrap_params ex;
     farctx_policy_setup(s, &ex);
     const int32_t rc = llama_set_attn_extrap(ctx, &ex);
@@ -57,6 +42,23 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
                                                   "llama.cpp refused the attention parameters");
         free(s);
         return NULL;
+    }
+
+    if (farctx_policy_fixed_cache(&s->params)) {
+        const int32_t head = farctx_policy_head(&s->params);
+        const int64_t need = farctx_params_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx));
+        if ((int64_t) llama_n_ctx(ctx) < need) {
+            farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                "the KV cache holds %u cells, %s needs %s + n_local + n_ubatch = %d + %d + %u = %lld: "
+                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx),
+                farctx_method_name(s->params.method),
+                s->params.method == FARCTX_METHOD_STREAMING ? "n_sink" : "n_global",
+                head, s->params.n_local, llama_n_ubatch(ctx), (long long) need);
+            struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
+            llama_set_attn_extrap(ctx, &none);
+            free(s);
+            return NULL;
+        }
     }
 
     /* the stream starts empty: whatever seq 0 held before is not part of it */

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import farctx  # noqa: F401  (first: points llama_cpp at the patched library)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from oracle import OracleModel  # noqa: E402

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import llama_cpp
 import numpy as np
+import pytest
 from helpers import random_tokens
 
 import farctx
@@ -69,3 +70,19 @@ def test_default_model_loads_without_a_path():
     llm = farctx.Llama(n_ctx=64)
     assert llm.model_path == str(farctx.default_model_path())
     llm.close()
+
+
+def test_sliding_window_models_run_vanilla_and_refuse_the_methods(tmp_path, default_model):
+    """Gemma 3 style (interleaved sliding-window layers): vanilla runs, the methods are refused clearly."""
+    from tiny_gguf import TinyConfig, write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
+    info = farctx.model_info(path)
+    assert info.sliding_window == 8
+    assert farctx.method_support(info)["lminf"] == "no: sliding-window layers"
+    llm = farctx.Llama(str(path), n_ctx=256)
+    assert llm.create_completion("Hello", max_tokens=2, temperature=0)["usage"]["completion_tokens"] <= 2
+    llm.close()
+    for method in ("lminf", "streaming", "rerope"):
+        with pytest.raises(farctx.FarctxError, match="sliding-window layers"):
+            farctx.Llama(str(path), method=method)

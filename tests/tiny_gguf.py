@@ -20,6 +20,8 @@ class TinyConfig:
     rope_base: float = 1000.0
     rms_eps: float = 1e-5
     seed: int = 0
+    arch: str = "llama"        # or "gemma3": interleaved sliding-window layers
+    sliding_window: int = 8    # gemma3 only
 
     @property
     def head_dim(self) -> int:
@@ -58,7 +60,7 @@ def _copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
 
 def write_tiny_gguf(path: Path, tokenizer_source: Path, cfg: TinyConfig = TinyConfig()) -> Path:
     rng = np.random.default_rng(cfg.seed)
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), cfg.arch)
     writer.add_name("farctx-tiny-test")
     writer.add_context_length(cfg.n_ctx_train)
     writer.add_embedding_length(cfg.n_embd)
@@ -69,6 +71,8 @@ def write_tiny_gguf(path: Path, tokenizer_source: Path, cfg: TinyConfig = TinyCo
     writer.add_rope_dimension_count(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_base)
     writer.add_layer_norm_rms_eps(cfg.rms_eps)
+    if cfg.arch == "gemma3":
+        writer.add_sliding_window(cfg.sliding_window)
     writer.add_file_type(0)  # all F32
     n_vocab = _copy_tokenizer(writer, tokenizer_source)
     writer.add_vocab_size(n_vocab)
@@ -94,6 +98,9 @@ def write_tiny_gguf(path: Path, tokenizer_source: Path, cfg: TinyConfig = TinyCo
         writer.add_tensor(p + "ffn_gate.weight", w(cfg.n_ff, e, scale=(1.0 / e) ** 0.5))
         writer.add_tensor(p + "ffn_up.weight", w(cfg.n_ff, e, scale=(1.0 / e) ** 0.5))
         writer.add_tensor(p + "ffn_down.weight", w(e, cfg.n_ff, scale=(1.0 / cfg.n_ff) ** 0.5))
+        if cfg.arch == "gemma3":
+            for name, n in (("post_attention_norm", e), ("post_ffw_norm", e), ("attn_q_norm", hd), ("attn_k_norm", hd)):
+                writer.add_tensor(p + name + ".weight", norm_w(n))
     writer.add_tensor("output_norm.weight", norm_w(e))
     # no output.weight: llama.cpp ties the output to token_embd (halves the file)
 
