@@ -8,6 +8,17 @@
 
 #define FARCTX_ERR_LEN 512
 
+/* Mesa-Extrapolation's plan for the current prompt (per session: no module-level state) */
+struct farctx_mesa {
+    bool    planned;
+    bool    chunked;        /* the prompt is past L_tr - gen_budget            */
+    int64_t n;              /* prompt length                                   */
+    int64_t C;              /* chunk width                                     */
+    int64_t N;              /* middle chunks                                   */
+    int64_t last_S;         /* stair boundary of the last ubatch (-1: none)    */
+    int32_t n_stair_moves;  /* times the boundary moved forward                */
+};
+
 struct farctx_session {
     struct llama_context * ctx;
     const struct llama_model * model;
@@ -16,6 +27,7 @@ struct farctx_session {
     int32_t n_decode;              /* llama_decode calls                */
     bool    fill_error;            /* the policy refused a ubatch       */
     int64_t evicted_to;            /* positions [n_global, evicted_to) left the cache */
+    struct farctx_mesa mesa;
     char    error[FARCTX_ERR_LEN];
 };
 
@@ -42,3 +54,10 @@ int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next
 bool farctx_policy_fixed_cache(const struct farctx_params * p);
 /* tokens at the head of the stream that are never evicted (globals, sinks) */
 int32_t farctx_policy_head(const struct farctx_params * p);
+
+/* Mesa-Extrapolation (farctx-mesa.c) */
+void    farctx_mesa_plan(struct farctx_session * s, int64_t n);
+int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub);
+/* the position where the segment of query i ends (a batch never crosses it) */
+int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i);
+int64_t farctx_mesa_stair_pos(int64_t j, int64_t S, int64_t E);

@@ -58,8 +58,10 @@ bool farctx_method_available(int32_t method) {
         case FARCTX_METHOD_LAMBDA_ONLY:
         case FARCTX_METHOD_REROPE:
         case FARCTX_METHOD_STREAMING:
+        case FARCTX_METHOD_MESA:
+        case FARCTX_METHOD_SELFEXTEND:
             return true;
-        default:  /* mesa, selfextend: not yet */
+        default:
             return false;
     }
 }
@@ -71,6 +73,9 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
     if (p->n_local <= 0) {
         /* streaming: sinks plus window fill the trained context */
         p->n_local = p->method == FARCTX_METHOD_STREAMING ? p->n_ctx_train - p->n_sink : p->n_ctx_train;
+    }
+    if (p->neighbor <= 0) {
+        p->neighbor = p->n_ctx_train / 2;
     }
 }
 
@@ -130,6 +135,15 @@ int32_t farctx_params_validate(const struct farctx_params * params, const struct
         if (p.method == FARCTX_METHOD_LMINF && p.n_global >= p.n_local) {
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                                "n_global (%d) must be smaller than n_local (%d)", p.n_global, p.n_local);
+        }
+        if (p.method == FARCTX_METHOD_MESA && p.n_ctx_train - 2 * p.first_chunk < 1) {
+            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                               "first_chunk (%d) must be below half of n_ctx_train (%d): the chunk width is "
+                               "n_ctx_train - 2 first_chunk", p.first_chunk, p.n_ctx_train);
+        }
+        if (p.method == FARCTX_METHOD_SELFEXTEND && (p.neighbor < 1 || p.neighbor >= p.n_ctx_train)) {
+            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                               "neighbor (%d) must be between 1 and n_ctx_train - 1 (%d)", p.neighbor, p.n_ctx_train - 1);
         }
         if (p.n_local < 1) {
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM,

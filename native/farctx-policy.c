@@ -15,20 +15,23 @@ static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
         case FARCTX_METHOD_STREAMING:   return d < p->n_local;
         case FARCTX_METHOD_LAMBDA_ONLY: return d < p->n_local || j < p->n_global;
         case FARCTX_METHOD_REROPE:      return d < p->n_local;
+        case FARCTX_METHOD_SELFEXTEND:  return d < p->neighbor;
         default:                        return true;
     }
 }
 
 /* second segment (bounded distance): keys beyond the window, seen at distance n_local */
 static bool seg2_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
-    if (j < 0 || j > i || i - j < p->n_local) {
+    const int32_t window = p->method == FARCTX_METHOD_SELFEXTEND ? p->neighbor : p->n_local;
+    if (j < 0 || j > i || i - j < window) {
         return false;
     }
     switch (p->method) {
         case FARCTX_METHOD_LMINF:     return j < p->n_global;
         case FARCTX_METHOD_STREAMING: return j < p->n_sink;
-        case FARCTX_METHOD_REROPE:    return true;
-        default:                   return false;
+        case FARCTX_METHOD_REROPE:
+        case FARCTX_METHOD_SELFEXTEND: return true;
+        default:                       return false;
     }
 }
 
@@ -44,8 +47,14 @@ int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_e
     switch (p->method) {
         case FARCTX_METHOD_LMINF:     out->n_seg2 = p->n_global; break;  /* the globals: cells [0, G) */
         case FARCTX_METHOD_STREAMING: out->n_seg2 = p->n_sink;   break;  /* the sinks: cells [0, S)   */
-        case FARCTX_METHOD_REROPE:    out->n_seg2 = -1;          break;  /* every cell                */
-        default:                   out->n_seg2 = 0;           break;
+        case FARCTX_METHOD_REROPE:
+        case FARCTX_METHOD_SELFEXTEND: out->n_seg2 = -1;         break;  /* every cell                */
+        default:                       out->n_seg2 = 0;          break;
+    }
+    if (p->method == FARCTX_METHOD_MESA) {
+        out->use_q_delta = true;  /* middle chunks: the query moves next to the first chunk */
+        out->use_k_delta = true;  /* own-chunk keys likewise; stair positions later         */
+        out->use_q_scale = true;  /* log-n query scale                                      */
     }
     return FARCTX_OK;
 }
@@ -57,6 +66,10 @@ int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_e
  *                  StreamingLLM: query at its cache slot, sink s at slot s
  */
 static int32_t seg2_query_pos(const struct farctx_params * p, int32_t i) {
+    if (p->method == FARCTX_METHOD_SELFEXTEND) {
+        /* grouped: floor(i/G) - floor(j/G) + W - floor(W/G) */
+        return i / p->group + p->neighbor - p->neighbor / p->group;
+    }
     if (p->method == FARCTX_METHOD_STREAMING) {
         const int32_t last_slot = p->n_sink + p->n_local - 1;
         return i < last_slot ? i : last_slot;
@@ -65,7 +78,11 @@ static int32_t seg2_query_pos(const struct farctx_params * p, int32_t i) {
 }
 
 static int32_t seg2_key_pos(const struct farctx_params * p, int32_t j) {
-    return p->method == FARCTX_METHOD_STREAMING ? j : 0;
+    switch (p->method) {
+        case FARCTX_METHOD_STREAMING:  return j;
+        case FARCTX_METHOD_SELFEXTEND: return j / p->group;
+        default:                       return 0;
+    }
 }
 
 /* tokens at the head of the stream that never leave the cache */
@@ -85,6 +102,9 @@ int32_t farctx_policy_head(const struct farctx_params * p) {
 int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
+    if (p->method == FARCTX_METHOD_MESA) {
+        return farctx_mesa_fill(s, ub);
+    }
 
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int32_t i = ub->q_pos[t];

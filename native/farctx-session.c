@@ -28,6 +28,12 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     s->model  = model;
     s->params = *params;
     farctx_params_resolve(&s->params, model);
+    if (s->params.method == FARCTX_METHOD_SELFEXTEND && s->params.group <= 0) {
+        /* groups wide enough that the whole cache maps inside the trained context */
+        const int64_t W = s->params.neighbor, L = s->params.n_ctx_train, n = llama_n_ctx(ctx);
+        const int64_t G = n > W ? (n - W + (L - W) - 1) / (L - W) : 1;
+        s->params.group = (int32_t) (G > 1 ? G : 1);
+    }
 
     struct llama_attn_extrap_params ex;
     farctx_policy_setup(s, &ex);
@@ -125,13 +131,21 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
     }
 
     const bool    fixed   = farctx_policy_fixed_cache(&s->params);
+    const bool    mesa    = s->params.method == FARCTX_METHOD_MESA;
+    if (mesa && (s->n_past == 0 || !s->mesa.planned)) {
+        farctx_mesa_plan(s, s->n_past == 0 ? n_tokens : s->n_past);  /* the prompt is the first feed */
+    }
     /* a fixed-size cache evicts between calls: one ubatch per llama_decode */
     const int32_t n_batch = (int32_t) (fixed ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
     struct llama_batch batch = llama_batch_init(n_batch, 0, 1);
     llama_memory_t mem = llama_get_memory(s->ctx);
 
     for (int32_t done = 0; done < n_tokens; ) {
-        const int32_t n = (n_tokens - done < n_batch) ? n_tokens - done : n_batch;
+        int32_t n = (n_tokens - done < n_batch) ? n_tokens - done : n_batch;
+        if (mesa) {  /* one segment (chunk, or stair block) per llama_decode */
+            const int64_t room = farctx_mesa_segment_end(s, s->n_past) - s->n_past;
+            n = room < n ? (int32_t) room : n;
+        }
         const bool last_chunk = done + n == n_tokens;
 
         batch.n_tokens = n;
@@ -208,12 +222,20 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
     }
     /* the keys [needed, n_keep) must still be there: evicted are [head, evicted_to) */
     if (farctx_policy_fixed_cache(&s->params) && needed < s->evicted_to && needed < n_keep) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM,
+        return farctx_session_fail(s, FARCTX_ERR_REPLAY,
             "cannot rewind to %lld: the keys it needs left the cache (positions up to %lld were evicted)",
             (long long) n_keep, (long long) s->evicted_to - 1);
     }
+    if (s->params.method == FARCTX_METHOD_MESA && s->mesa.planned && n_keep > 0 && n_keep < s->mesa.n) {
+        return farctx_session_fail(s, FARCTX_ERR_REPLAY,
+            "cannot rewind to %lld inside a chunked prompt of %lld tokens: feed it again from the start",
+            (long long) n_keep, (long long) s->mesa.n);
+    }
     llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
     s->n_past = n_keep;
+    if (n_keep == 0) {
+        s->mesa.planned = false;  /* the next feed is a new prompt */
+    }
     if (n_keep <= farctx_policy_head(&s->params)) {
         s->evicted_to = 0;  /* only head tokens remain: nothing of the stream is missing */
     }
@@ -232,6 +254,7 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
     stats->n_ctx_train  = s->params.n_ctx_train;
     stats->n_decode     = s->n_decode;
     stats->kv_bytes     = llama_memory_n_bytes(mem);
+    stats->n_stair_moves = s->mesa.n_stair_moves;
 }
 
 struct farctx_params farctx_session_params(const struct farctx_session * s) {

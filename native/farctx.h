@@ -47,7 +47,8 @@ enum farctx_status {
     FARCTX_ERR_UNSUPPORTED = -2, /* method not available for this model or in this build */
     FARCTX_ERR_NO_SPACE    = -3, /* the tokens do not fit in the KV cache                */
     FARCTX_ERR_DECODE      = -4, /* llama_decode failed                                  */
-    FARCTX_ERR_CANCELLED   = -5  /* the progress callback asked to stop                  */
+    FARCTX_ERR_CANCELLED   = -5, /* the progress callback asked to stop                  */
+    FARCTX_ERR_REPLAY      = -6  /* cannot rewind there: feed the stream again from token 0 */
 };
 
 /* 0 or negative: taken from the model or the method's default (see farctx_default_params) */
@@ -62,8 +63,8 @@ struct farctx_params {
     int32_t stair_width;       /* Mesa stair width E (default 50)                        */
     int32_t last_context;      /* Mesa last context (default 512)                        */
     int32_t gen_budget;        /* Mesa reserved generation budget (default 50)           */
-    int32_t group;             /* SelfExtend group Gs; 0 = auto                          */
-    int32_t neighbor;          /* SelfExtend neighbour window W; 0 = auto                */
+    int32_t group;             /* SelfExtend group Gs; 0 = ceil((n_ctx - W) / (L_tr - W)) */
+    int32_t neighbor;          /* SelfExtend neighbour window W; 0 = L_tr / 2            */
 };
 
 FARCTX_API struct farctx_params farctx_default_params(void);
@@ -86,6 +87,12 @@ FARCTX_API int32_t farctx_params_validate(
         const struct farctx_params * params,
         const struct llama_model   * model,
         char * err, size_t err_size);
+
+/*
+ * Mesa-Extrapolation's split of an n-token prompt (the authors' rule): returns whether it is
+ * chunked; chunk = the middle-chunk width C, n_middle = the number N of middle chunks.
+ */
+FARCTX_API bool farctx_mesa_schedule(const struct farctx_params * params, int64_t n, int64_t * chunk, int64_t * n_middle);
 
 /*
  * KV cells a fixed-size-cache method needs (head tokens + n_local + n_ubatch) for a model trained
@@ -131,6 +138,7 @@ struct farctx_stats {
     int32_t n_ctx_train;       /* trained context in force                               */
     int32_t n_decode;          /* llama_decode calls so far                              */
     int64_t kv_bytes;          /* size of the KV cache buffers                           */
+    int32_t n_stair_moves;     /* mesa: times the stair boundary moved during generation */
 };
 
 FARCTX_API void farctx_session_stats(const struct farctx_session * session, struct farctx_stats * stats);

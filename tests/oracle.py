@@ -126,3 +126,59 @@ def method_rule(method: str, n: int, n_local: int, n_global: int = 0, n_sink: in
     else:
         raise ValueError(f"no oracle rule for {method}")
     return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))
+
+
+def mesa_schedule(n: int, n_ctx_train: int, first_chunk: int = 100, last_context: int = 512,
+                  gen_budget: int = 50) -> tuple[bool, int, int]:
+    """DESIGN.md 1.2, the authors' split rule: (chunked, C, N)."""
+    c0 = n_ctx_train - 2 * first_chunk
+    if n < n_ctx_train - gen_budget:
+        return False, c0, 0
+    t = n + gen_budget - last_context - first_chunk
+    if t <= 0:
+        return True, c0, 0
+    n_mid, rem = divmod(t, c0)
+    if rem < 200:
+        return True, c0, n_mid
+    c = t // (n_mid + 1)
+    return True, c, t // c
+
+
+def stair_pos(j: np.ndarray, s: int, e: int) -> np.ndarray:
+    return np.where(j >= s, j, (s - 1) - (s - 1 - j) // e)
+
+
+def mesa_rule(n: int, n_prompt: int, n_ctx_train: int, first_chunk: int, stair_width: int, last_context: int,
+              gen_budget: int) -> AttentionRule:
+    """Mesa-Extrapolation over a stream of n tokens whose first n_prompt were the prompt (the rest generated)."""
+    F, E, L = first_chunk, stair_width, n_ctx_train
+    chunked, C, N = mesa_schedule(n_prompt, L, F, last_context, gen_budget)
+    j = np.arange(n)
+    allowed = np.zeros((n, n), dtype=bool)
+    relpos = np.zeros((n, n), dtype=np.int64)
+    lam = np.ones(n)
+    for i in range(n):
+        causal = j <= i
+        if chunked and F <= i < F + N * C and i < n_prompt:  # middle chunk
+            s_k = F + ((i - F) // C) * C
+            allowed[i] = causal & ((j < F) | (j >= s_k))
+            relpos[i] = np.where(j >= s_k, i - j, F + (i - s_k) - j)
+            continue
+        allowed[i] = causal
+        relpos[i] = i - j
+        n_kv = n_prompt if (chunked and i < n_prompt) else i + 1
+        if (i >= n_prompt or (chunked and i >= F)) and n_kv > L:  # last chunk and later tokens
+            s = n_kv - ((n_kv - 1) % C)
+            relpos[i] = i - stair_pos(j, s, E)
+            lam[i] = max(1.0, np.log(i + 1) / np.log(L))
+    return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=lam)
+
+
+def selfextend_rule(n: int, group: int, neighbor: int) -> AttentionRule:
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    d = i - j
+    W, G = neighbor, group
+    relpos = np.where(d < W, d, i // G - j // G + W - W // G)
+    allowed = j <= i
+    return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))

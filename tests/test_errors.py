@@ -60,7 +60,6 @@ def test_python_bad_model_file(broken_files, case):
         (["--n-global", "-3"], "Invalid value for '--n-global'"),
         (["-ngl", "lots"], "'lots' is not a number or 'all'"),
         (["-ctv", "q8_0"], "needs flash attention"),
-        (["--method", "mesa"], "not available in this build"),
     ],
 )
 def test_cli_bad_parameters(tiny_model, args, message):

@@ -24,6 +24,7 @@ __all__ = [
     "default_model_path",
     "model_info",
     "method_support",
+    "native_mesa_schedule",
 ]
 
 __version__ = "0.1.0"
@@ -58,3 +59,14 @@ def method_support(info: ModelInfo) -> dict[str, str]:
         else:
             result[method] = "yes"
     return result
+
+
+def native_mesa_schedule(n: int, **params: int) -> tuple[bool, int, int]:
+    """libfarctx's Mesa split of an n-token prompt: (chunked, chunk width C, middle chunks N)."""
+    from ._native import native
+
+    nat = native()
+    c = MethodParams.from_kwargs("mesa", params).to_c(nat.ffi, nat.lib)
+    chunk, n_middle = nat.ffi.new("int64_t *"), nat.ffi.new("int64_t *")
+    chunked = nat.lib.farctx_mesa_schedule(c, n, chunk, n_middle)
+    return bool(chunked), int(chunk[0]), int(n_middle[0])

@@ -116,7 +116,6 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             if self._logits_all:
                 self.scores = np.zeros((n_ctx, self._n_vocab), dtype=np.single)
         self._last_logits = np.empty(self._n_vocab, dtype=np.single)
-        self._fixed_cache = fixed_cache
         if fixed_cache:
             # llama_cpp.Llama bounds prompts and generations by _n_ctx: here the stream is unbounded
             # (32-bit positions), only the cache is fixed
@@ -130,11 +129,12 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         if n == 0:
             return
         n_before = self.n_tokens
-        if _lib.farctx_session_rewind(self._session, n_before) != _lib.FARCTX_OK:
-            if not self._fixed_cache:
+        rc = _lib.farctx_session_rewind(self._session, n_before)
+        if rc != _lib.FARCTX_OK:
+            if rc != _lib.FARCTX_ERR_REPLAY:
                 raise FarctxError(_message(_lib.farctx_session_error(self._session)))
-            # the keys a rewound stream needs were evicted (e.g. llama_cpp's prompt-prefix reuse):
-            # start the stream again from its first token
+            # a rewind the method cannot do in place (evicted keys, a chunked prompt cut short;
+            # e.g. llama_cpp's prompt-prefix reuse): feed the stream again from its first token
             self._check(_lib.farctx_session_rewind(self._session, 0))
             tokens = [int(t) for t in self.input_ids[:n_before]] + list(tokens)
             n, n_before = len(tokens), 0
@@ -214,6 +214,7 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             "n_ctx_train": int(s.n_ctx_train),
             "n_decode": int(s.n_decode),
             "kv_bytes": int(s.kv_bytes),
+            "n_stair_moves": int(s.n_stair_moves),
         }
 
     def close(self) -> None:

@@ -1,0 +1,159 @@
+/*
+ * farctx: Mesa-Extrapolation (DESIGN.md 1.2): the chunk schedule of a prompt, the stair position map,
+ * and the per-ubatch mask/deltas/query scale.
+ *
+ *   first chunk [0, F):            vanilla
+ *   middle chunk k [s_k, s_k + C): sees the first chunk and itself; placed right after the first chunk
+ *                                  (query and own keys moved by F - s_k)
+ *   last chunk [F + N C, n) and every later token: sees everything, keys at stair positions g(j)
+ *                                  (once n_kv > L_tr), query at its true index, scaled by
+ *                                  max(1, ln(i+1) / ln(L_tr))
+ */
+#include "farctx-impl.h"
+
+#include <math.h>
+
+void farctx_mesa_plan(struct farctx_session * s, int64_t n) {
+    const struct farctx_params * p = &s->params;
+    struct farctx_mesa * m = &s->mesa;
+    const int64_t F  = p->first_chunk;
+    const int64_t C0 = p->n_ctx_train - 2 * F;
+
+    m->planned = true;
+    m->n       = n;
+    m->C       = C0;
+    m->N       = 0;
+    m->chunked = n >= p->n_ctx_train - p->gen_budget;
+    m->last_S  = -1;
+    if (!m->chunked) {
+        return;  /* fits the trained context (with the generation budget): vanilla */
+    }
+    /* the authors' split rule; no assert on awkward lengths: the remainder joins the last chunk */
+    const int64_t T = n + p->gen_budget - p->last_context - F;
+    if (T <= 0) {
+        return;
+    }
+    int64_t N = T / C0, C = C0;
+    if (T % C0 >= 200) {
+        C = T / (N + 1);
+        N = T / C;
+    }
+    m->C = C;
+    m->N = N;
+}
+
+bool farctx_mesa_schedule(const struct farctx_params * params, int64_t n, int64_t * chunk, int64_t * n_middle) {
+    struct farctx_session s = { 0 };
+    s.params = *params;
+    farctx_params_resolve(&s.params, NULL);
+    farctx_mesa_plan(&s, n);
+    *chunk    = s.mesa.C;
+    *n_middle = s.mesa.N;
+    return s.mesa.chunked;
+}
+
+/* the regime of query i, and what it needs */
+struct mesa_row {
+    int     kind;     /* 0 vanilla, 1 middle chunk, 2 stair (last chunk / later tokens) */
+    int64_t s_k;      /* middle: chunk start          */
+    int64_t S;        /* stair: first exact key       */
+};
+
+static struct mesa_row mesa_row(const struct farctx_session * s, int64_t i) {
+    const struct farctx_params * p = &s->params;
+    const struct farctx_mesa * m = &s->mesa;
+    struct mesa_row r = { 0, 0, 0 };
+    const int64_t F = p->first_chunk;
+    if (m->chunked && i < m->n) {
+        if (i < F) {
+            return r;
+        }
+        if (i < F + m->N * m->C) {
+            r.kind = 1;
+            r.s_k  = F + ((i - F) / m->C) * m->C;
+            return r;
+        }
+    } else if (i < m->n) {
+        return r;  /* an unchunked prompt */
+    }
+    const int64_t n_kv = (m->chunked && i < m->n) ? m->n : i + 1;
+    if (n_kv <= p->n_ctx_train) {
+        return r;  /* inside the trained context: plain positions */
+    }
+    r.kind = 2;
+    r.S    = n_kv - ((n_kv - 1) % m->C);
+    return r;
+}
+
+int64_t farctx_mesa_stair_pos(int64_t j, int64_t S, int64_t E) {
+    return j >= S ? j : (S - 1) - (S - 1 - j) / E;
+}
+
+int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i) {
+    const struct farctx_params * p = &s->params;
+    const struct farctx_mesa * m = &s->mesa;
+    const int64_t F = p->first_chunk;
+    if (m->chunked && i < F) {
+        return F;
+    }
+    if (m->chunked && i < F + m->N * m->C) {
+        return F + ((i - F) / m->C + 1) * m->C;
+    }
+    if (i < m->n && !m->chunked) {
+        return m->n;
+    }
+    /* the stair boundary moves when (n_kv - 1) mod C wraps, and starts once n_kv > L_tr */
+    int64_t end = (i / m->C + 1) * m->C;
+    if (i < p->n_ctx_train && p->n_ctx_train < end) {
+        end = p->n_ctx_train;
+    }
+    if (m->chunked && i < m->n && m->n < end) {
+        end = m->n;
+    }
+    return end;
+}
+
+int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub) {
+    const struct farctx_params * p = &s->params;
+    const int64_t F = p->first_chunk;
+    const struct mesa_row r = mesa_row(s, ub->q_pos[0]);
+    const double log_train = log((double) p->n_ctx_train);
+
+    for (int32_t t = 0; t < ub->n_tokens; ++t) {
+        const int64_t i = ub->q_pos[t];
+        const struct mesa_row rt = mesa_row(s, i);
+        if (rt.kind != r.kind || rt.s_k != r.s_k || rt.S != r.S) {
+            s->fill_error = true;  /* the driver splits batches at segment ends: never a mix */
+            return 1;
+        }
+        float * row = ub->mask + (size_t) t * ub->n_kv;
+        for (int32_t c = 0; c < ub->n_kv; ++c) {
+            const int64_t j = ub->kv_pos[c];
+            bool ok = j >= 0 && j <= i;
+            if (r.kind == 1) {
+                ok = ok && (j < F || j >= r.s_k);
+            }
+            row[c] = ok ? 0.0f : -INFINITY;
+        }
+        ub->q_delta[t] = r.kind == 1 ? (int32_t) (F - r.s_k) : 0;
+        const double lam = log((double) i + 1.0) / log_train;
+        ub->q_scale[t] = (r.kind == 2 && lam > 1.0) ? (float) lam : 1.0f;
+    }
+    for (int32_t c = 0; c < ub->n_kv; ++c) {
+        const int64_t j = ub->kv_pos[c];
+        int64_t delta = 0;
+        if (j >= 0 && r.kind == 1 && j >= r.s_k) {
+            delta = F - r.s_k;
+        } else if (j >= 0 && r.kind == 2) {
+            delta = farctx_mesa_stair_pos(j, r.S, p->stair_width) - j;
+        }
+        ub->k_delta[c] = (int32_t) delta;
+    }
+    if (r.kind == 2 && r.S != s->mesa.last_S) {
+        if (s->mesa.last_S >= 0) {
+            s->mesa.n_stair_moves++;  /* (n_kv - 1) mod C wrapped: the stair moved forward by C */
+        }
+        s->mesa.last_S = r.S;
+    }
+    return 0;
+}

@@ -1,0 +1,111 @@
+"""Mesa-Extrapolation and SelfExtend through the patched attention graph equal the numpy oracle,
+token by token: prompts of 2x-6x the trained context (several chunk counts and remainders), then
+generated tokens across at least one stair wrap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from oracle import mesa_rule, mesa_schedule, selfextend_rule, stair_pos
+
+import farctx
+
+L_TR = 32  # the tiny model's trained context
+# the authors' defaults scaled to L_tr = 32 (C0 = L_tr - 2F = 24)
+MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
+N_DECODE = 30  # > C: the stair boundary moves at least once while generating
+
+
+def test_design_test_vector_stair():
+    """DESIGN.md 1.2: n=10, C=5, E=2."""
+    keys = stair_pos(np.arange(10), 10 - (9 % 5), 2)
+    assert keys.tolist() == [3, 3, 4, 4, 5, 5, 6, 7, 8, 9]
+    assert (9 - keys).tolist() == [6, 6, 5, 5, 4, 4, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("n, chunk, n_middle", [(4096, 1767, 2), (8192, 1526, 5), (16384, 1758, 9), (32768, 1789, 18),
+                                                (2100, 1538, 1), (2000, 1438, 1)])
+def test_chunk_geometry_authors_defaults(n, chunk, n_middle):
+    """The authors' split at their default train length 2048 (F=100, last 512, budget 50)."""
+    assert mesa_schedule(n, 2048) == (True, chunk, n_middle)
+    n_native = farctx.native_mesa_schedule(n, n_ctx_train=2048)
+    assert n_native == (True, chunk, n_middle)
+
+
+def test_short_prompts_are_not_chunked():
+    assert mesa_schedule(1997, 2048)[0] is False
+    assert farctx.native_mesa_schedule(1997, n_ctx_train=2048)[0] is False
+
+
+PROMPTS = [64, 100, 150, 192]  # 2x-6x L_tr: 2, 3, 5, 7 middle chunks with remainders 6, 18, 20, 14
+
+
+@pytest.fixture(scope="module")
+def mesa_refs(oracle):
+    refs = {}
+    for n_prompt in PROMPTS:
+        tokens = random_tokens(n_prompt + N_DECODE, seed=n_prompt)
+        rule = mesa_rule(len(tokens), n_prompt, L_TR, **MESA)
+        refs[n_prompt] = tokens, oracle.logits(tokens, rule)
+    return refs
+
+
+def test_mesa_differs_from_vanilla_in_the_oracle(oracle, mesa_refs):
+    tokens, ref = mesa_refs[100]
+    assert np.abs(ref - oracle.logits(tokens)).max() > 0.1 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 7, 64])
+@pytest.mark.parametrize("kv", KV_CONFIGS, ids=kv_id)
+def test_mesa_matches_oracle(tiny_model, mesa_refs, kv, n_ubatch):
+    type_k, type_v, fa = kv
+    prompts = PROMPTS if n_ubatch == 7 else [100]
+    for n_prompt in prompts:
+        tokens, ref = mesa_refs[n_prompt]
+        got = engine_logits(tiny_model, tokens, n_prompt, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                            flash_attn=fa, method="mesa", n_ctx=256, **MESA)
+        tolerance(type_k, type_v, fa).check(got, ref, f"mesa n={n_prompt} {kv_id(kv)} ubatch {n_ubatch}")
+
+
+def test_mesa_short_prompt_is_vanilla(tiny_model):
+    tokens = random_tokens(L_TR - MESA["gen_budget"] - 1, seed=3)
+    mesa = engine_logits(tiny_model, tokens, len(tokens), n_ubatch=7, method="mesa", n_ctx=256, **MESA)
+    vanilla = engine_logits(tiny_model, tokens, len(tokens), n_ubatch=7, n_ctx=256)
+    assert np.abs(mesa - vanilla).max() <= 1e-5
+
+
+def test_mesa_reports_stair_moves(tiny_model):
+    llm = farctx.Llama(str(tiny_model), method="mesa", n_ctx=256, **MESA)
+    tokens = random_tokens(100 + N_DECODE, seed=5)
+    llm.eval(tokens[:100])
+    for t in tokens[100:]:
+        llm.eval([t])
+    assert llm.stats()["n_stair_moves"] >= 1
+    llm.close()
+
+
+SELFEXTEND = dict(group=4, neighbor=8)
+
+
+@pytest.fixture(scope="module")
+def selfextend_ref(oracle):
+    tokens = random_tokens(128, seed=21)
+    return tokens, oracle.logits(tokens, selfextend_rule(len(tokens), **SELFEXTEND))
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 7, 64])
+@pytest.mark.parametrize("kv", KV_CONFIGS, ids=kv_id)
+def test_selfextend_matches_oracle(tiny_model, selfextend_ref, kv, n_ubatch):
+    tokens, ref = selfextend_ref
+    type_k, type_v, fa = kv
+    got = engine_logits(tiny_model, tokens, 96, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=fa,
+                        method="selfextend", n_ctx=256, **SELFEXTEND)
+    tolerance(type_k, type_v, fa).check(got, ref, f"selfextend {kv_id(kv)} ubatch {n_ubatch}")
+
+
+def test_selfextend_auto_group(tiny_model):
+    llm = farctx.Llama(str(tiny_model), method="selfextend", n_ctx=512)
+    # W = L_tr / 2 = 16; G = ceil((512 - 16) / (32 - 16)) = 31
+    assert llm.method_params.neighbor == 16 and llm.method_params.group == 31
+    llm.close()
