@@ -61,6 +61,23 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
     return prompt
 
 
+def _count_tokens(model: str | None, text: str) -> int:
+    """Tokens of the prompt, from a vocabulary-only load of the model."""
+    import farctx
+    from farctx.models import resolve_model_path
+
+    farctx.model_info(model)  # a clear error for a bad file before llama.cpp opens it
+    from farctx import engine  # noqa: F401  (the patched library and farctx's log handler)
+
+    llama_cpp = engine._N.llama_cpp
+
+    vocab = llama_cpp.Llama(str(resolve_model_path(model)), vocab_only=True, n_ctx=256, verbose=False)
+    try:
+        return len(vocab.tokenize(text.encode("utf-8")))
+    finally:
+        vocab.close()
+
+
 @main.command()
 @model_option()
 @click.option("-p", "--prompt", default=None, help="prompt text")
@@ -80,11 +97,18 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     import farctx
     from farctx.progress import Progress
 
+    from farctx.methods import WHOLE_STREAM_METHODS
+
     text = _read_prompt(prompt, file)
     kwargs = llama_kwargs(opts)
     if seed >= 0:
         kwargs["seed"] = seed
+    if kwargs["n_ctx"] == 0 and kwargs["method"] in WHOLE_STREAM_METHODS:
+        # these keep the whole stream: a cache for the prompt plus the generation
+        kwargs["n_ctx"] = _count_tokens(model, text) + n_predict
     llm = farctx.Llama(model, progress=Progress("prefill", min_total=1024), **kwargs)
+    if not as_json:
+        click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     started = time.monotonic()
     stream = llm.create_completion(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
                                    seed=seed if seed >= 0 else None, stream=True)

@@ -45,3 +45,27 @@ def test_cli_streams_a_long_prompt_file(tmp_path, tiny_model):
     assert report["stats"]["n_cells_used"] <= report["stats"]["n_ctx"] < report["prompt_tokens"]
     vanilla = run_cli("generate", "-m", str(tiny_model), "-f", str(prompt), "-n", "6", "-c", "256")
     assert vanilla.returncode == 1 and "exceed context window" in vanilla.stderr
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("mesa", ["--first-chunk", "4", "--stair-width", "2", "--last-context", "8", "--gen-budget", "2"]),
+    ("selfextend", []),
+    ("rerope", []),
+])
+def test_cli_sizes_the_cache_for_whole_stream_methods(tmp_path, tiny_model, method, extra):
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(TEXT[:3000])
+    result = run_cli("generate", "-m", str(tiny_model), "-f", str(prompt), "-n", "5", "--temp", "0",
+                     "--method", method, "--json", *extra)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["stats"]["n_ctx"] >= report["prompt_tokens"] + 5 > 4 * 32
+    assert report["stats"]["n_past"] == report["prompt_tokens"] + 4
+
+
+def test_whole_stream_method_with_a_small_cache_is_refused(tiny_model):
+    llm = farctx.Llama(str(tiny_model), method="mesa", n_ctx=256, first_chunk=4, stair_width=2, last_context=8,
+                       gen_budget=2)
+    with pytest.raises(farctx.NoSpaceError, match="enlarge the cache"):
+        llm.eval(list(range(1000, 1300)))
+    llm.close()

@@ -68,3 +68,26 @@ class MethodParams:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def relevant(self) -> dict[str, int]:
+        """The parameters this method reads, with their values in force."""
+        return {name: getattr(self, name) for name in _RELEVANT[self.method]}
+
+    def describe(self) -> str:
+        values = ", ".join(f"{k} {v}" for k, v in self.relevant().items())
+        return f"{self.method} ({values})"
+
+
+_RELEVANT: dict[str, tuple[str, ...]] = {
+    "vanilla": ("n_ctx_train",),
+    "lminf": ("n_ctx_train", "n_global", "n_local"),
+    "window": ("n_ctx_train", "n_local"),
+    "lambda-only": ("n_ctx_train", "n_global", "n_local"),
+    "rerope": ("n_ctx_train", "n_local"),
+    "streaming": ("n_ctx_train", "n_sink", "n_local"),
+    "mesa": ("n_ctx_train", "first_chunk", "stair_width", "last_context", "gen_budget"),
+    "selfextend": ("n_ctx_train", "group", "neighbor"),
+}
+
+# methods that keep every token in the cache beyond the trained context
+WHOLE_STREAM_METHODS = ("rerope", "mesa", "selfextend")
