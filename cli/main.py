@@ -168,5 +168,10 @@ def info(model: str | None, as_json: bool) -> None:
         click.echo(f"  {method:<12} {support}")
 
 
+from .eval_cmd import eval_group  # noqa: E402
+
+main.add_command(eval_group)
+
+
 if __name__ == "__main__":
     main()

@@ -47,13 +47,14 @@ def runtime_options() -> Decorator:
     )
 
 
-def method_options() -> Decorator:
+def method_options(with_method: bool = True) -> Decorator:
     """--method and every method's parameters (0: from the model or the method's default)."""
     from farctx.methods import METHODS
 
+    method = [click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True,
+                           help="attention method")] if with_method else []
     return _stack(
-        click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True,
-                     help="attention method"),
+        *method,
         click.option("--n-ctx-train", type=click.IntRange(0), default=None,
                      help="trained context to assume (default: the model's)"),
         click.option("--n-global", type=click.IntRange(0), default=None, help="lminf: global tokens (10)"),

@@ -40,7 +40,7 @@ want="$(cat pyproject.toml scripts/setup.sh scripts/llama-pin.env | sha256sum | 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing Python dependencies"
     "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    "$VPY" -m pip install -q --disable-pip-version-check numpy gguf cffi click rdata pytest cmake ninja
+    "$VPY" -m pip install -q --disable-pip-version-check numpy gguf cffi click rdata matplotlib pytest cmake ninja
     "$root/scripts/fetch-llama.sh"   # downloads the sdist once; pip installs from that file
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$VPY" -m pip install -q --disable-pip-version-check \
         "$root/build/dl/$LLAMA_CPP_PYTHON_SDIST"

@@ -125,9 +125,21 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Evaluate tokens after the first `n_tokens` of the stream (llama_cpp.Llama.eval's contract)."""
+        logits = self._feed(tokens, all_logits=bool(self._logits_all))
+        if logits is not None:
+            self.scores[self.n_tokens - len(logits) : self.n_tokens] = logits
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed tokens after the first `n_tokens` and return their logits, [len(tokens), n_vocab]
+        (row t predicts the token after tokens[t]); `scores` is left alone."""
+        logits = self._feed(tokens, all_logits=True)
+        assert logits is not None
+        return logits[len(logits) - len(tokens) :]
+
+    def _feed(self, tokens: Sequence[int], all_logits: bool) -> Optional[np.ndarray]:
         n = len(tokens)
         if n == 0:
-            return
+            return None
         n_before = self.n_tokens
         rc = _lib.farctx_session_rewind(self._session, n_before)
         if rc != _lib.FARCTX_OK:
@@ -144,16 +156,13 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         if n_before + n > self.input_ids.shape[0]:
             # a stream may outgrow the cache (methods that evict); libfarctx decides what fits
             self._grow(n_before + n)
-        if self._logits_all:
-            out = self.scores[n_before : n_before + n]
-        else:
-            out = self._last_logits
+        out = np.empty((n, self._n_vocab), dtype=np.single) if all_logits else self._last_logits
         progress_cb = self._progress_callback(n)
         rc = _lib.farctx_session_feed(
             self._session,
             _ffi.from_buffer("int32_t[]", arr),
             n,
-            bool(self._logits_all),
+            all_logits,
             _ffi.from_buffer("float[]", out),
             progress_cb,
             _ffi.NULL,
@@ -168,15 +177,16 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self.input_ids[n_before : n_before + n] = arr
         self.n_tokens = n_before + n
         self._requires_eval = False
+        return out if all_logits else None
 
     def _grow(self, n: int) -> None:
         size = max(n, 2 * self.input_ids.shape[0])
         ids = np.zeros(size, dtype=np.intc)
         ids[: self.n_tokens] = self.input_ids[: self.n_tokens]
         self.input_ids = ids
-        if self._logits_all:
+        if self._logits_all and self.scores.shape[0] < size:
             scores = np.zeros((size, self._n_vocab), dtype=np.single)
-            scores[: self.n_tokens] = self.scores[: self.n_tokens]
+            scores[: self.scores.shape[0]] = self.scores
             self.scores = scores
 
     def _progress_callback(self, n_total: int) -> Any:
