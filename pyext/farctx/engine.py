@@ -91,6 +91,11 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             # the cache these methods need, not the length of the text: head + n_local + n_ubatch
             n_ubatch = min(kwargs.get("n_ubatch", 512), kwargs.get("n_batch", 512))
             kwargs["n_ctx"] = int(_lib.farctx_params_cache_cells(c_params, n_ctx_train(path), n_ubatch))
+        elif fixed_cache and "n_ubatch" not in kwargs:
+            # a given cache: let the ubatch take the room that head + n_local leave (at most 512)
+            room = kwargs["n_ctx"] - int(_lib.farctx_params_cache_cells(c_params, n_ctx_train(path), 0))
+            if 0 < room < min(512, kwargs.get("n_batch", 512)):
+                kwargs["n_ubatch"] = room
         kwargs.setdefault("verbose", False)
         self._session: Any = None
         _LOG.clear()
