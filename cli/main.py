@@ -168,9 +168,11 @@ def info(model: str | None, as_json: bool) -> None:
         click.echo(f"  {method:<12} {support}")
 
 
+from .bench_cmd import bench  # noqa: E402
 from .eval_cmd import eval_group  # noqa: E402
 
 main.add_command(eval_group)
+main.add_command(bench)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,10 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
         const int64_t i = ub->q_pos[t];
         const struct mesa_row rt = mesa_row(s, i);
         if (rt.kind != r.kind || rt.s_k != r.s_k || rt.S != r.S) {
-            s->fill_error = true;  /* the driver splits batches at segment ends: never a mix */
+            /* the driver splits batches at segment ends, so this means a caller decoded on its own */
+            s->fill_error = true;
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: a ubatch mixes chunks (positions %lld and %lld): "
+                                "feed the stream through farctx_session_feed", (long long) ub->q_pos[0], (long long) i);
             return 1;
         }
         float * row = ub->mask + (size_t) t * ub->n_kv;

@@ -124,8 +124,9 @@ int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * u
         const int32_t j = ub->kv_pos[c];
         ub->seg2_k_delta[c] = j >= 0 ? seg2_key_pos(p, j) - j : 0;
         if (head_tokens(p) > 0 && j >= 0 && j != c) {
-            /* the global tokens must sit in the first cells (the stream started in an empty cache) */
             s->fill_error = true;
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "the global/sink tokens are not in the first cells of the "
+                                "cache (cell %d holds position %d): start the stream in an empty cache", c, j);
             return 1;
         }
     }

@@ -171,10 +171,10 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
         if (ret == 0 && s->fill_error) {
+            /* the policy refused the ubatch (its message is in s->error): nothing of it stays */
             llama_batch_free(batch);
             llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
-            return farctx_session_fail(s, FARCTX_ERR_PARAM,
-                "the global/sink tokens are not in the first cells of the cache: start the stream in an empty cache");
+            return FARCTX_ERR_PARAM;
         }
         if (ret != 0) {
             llama_batch_free(batch);

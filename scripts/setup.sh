@@ -50,4 +50,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 PATH="$venv/bin:$PATH" PYTHON="$VPY" "$root/scripts/build.sh"
+# stock llama.cpp from the same source, for the baselines of `farctx bench`
+PATH="$venv/bin:$PATH" PYTHON="$VPY" FARCTX_STOCK=1 "$root/scripts/build.sh"
 say "ready (.venv/bin/farctx)"

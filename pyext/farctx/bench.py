@@ -1,0 +1,148 @@
+"""`farctx bench`: speed and memory per method and length, each figure next to stock llama.cpp
+(the same pinned source without farctx's patches) measured in the same run, interleaved."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from . import _paths
+from .errors import FarctxError
+
+
+@dataclass
+class BenchResult:
+    method: str
+    length: int
+    prefill_tps: float
+    decode_tps: Optional[float]
+    kv_bytes: Optional[int]
+    rss_bytes: int
+    stock_prefill_tps: Optional[float]
+    stock_decode_tps: Optional[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def ratio(self, what: str) -> Optional[float]:
+        ours, stock = getattr(self, f"{what}_tps"), getattr(self, f"stock_{what}_tps")
+        return ours / stock if ours and stock else None
+
+
+def stock_lib_dir() -> Path:
+    folder = Path(os.environ.get("FARCTX_STOCK_LIB_DIR", _paths.REPO_ROOT / "build" / "cmake-stock" / "bin"))
+    if not (folder / "libllama.so").exists() and not (folder / "libllama.dylib").exists():
+        raise FarctxError(f"stock llama.cpp not built in {folder}: run FARCTX_STOCK=1 scripts/build.sh")
+    return folder
+
+
+def median(values: Sequence[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def run_worker(model: str, method: str, length: int, n_gen: int, kwargs: dict[str, Any],
+               stock: bool) -> Optional[dict[str, Any]]:
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "farctx.bench_worker", "--model", model, "--method", method,
+           "--length", str(length), "--n-gen", str(n_gen), "--kwargs", json.dumps(kwargs)]
+    if stock:
+        env["LLAMA_CPP_LIB_PATH"] = str(stock_lib_dir())
+        cmd.append("--stock")
+    else:
+        env["LLAMA_CPP_LIB_PATH"] = str(_paths.lib_dir())
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        if stock:
+            return None  # stock cannot run this length (memory, ...): reported as null
+        lines = proc.stderr.strip().splitlines()
+        raise FarctxError(f"benchmark of {method} at {length} failed: {lines[-1] if lines else proc.returncode}")
+    return json.loads(proc.stdout)
+
+
+def bench(model: str, methods: Sequence[str], lengths: Sequence[int], reps: int, n_gen: int,
+          kwargs: dict[str, Any], stock_max: int,
+          on_sample: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> list[BenchResult]:
+    """Medians over `reps` rounds; every round runs, per length, stock then each method (interleaved)."""
+    ours: dict[tuple[str, int], list[dict[str, Any]]] = {(m, x): [] for m in methods for x in lengths}
+    stock: dict[int, list[Optional[dict[str, Any]]]] = {x: [] for x in lengths}
+    for rep in range(reps):
+        for length in lengths:
+            if length <= stock_max:
+                sample = run_worker(model, "vanilla", length, n_gen, kwargs, stock=True)
+                stock[length].append(sample)
+                if on_sample and sample:
+                    on_sample("stock", length, rep, sample)
+            for method in methods:
+                sample = run_worker(model, method, length, n_gen, kwargs, stock=False)
+                assert sample is not None
+                ours[(method, length)].append(sample)
+                if on_sample:
+                    on_sample(method, length, rep, sample)
+    results = []
+    for method in methods:
+        for length in lengths:
+            samples = ours[(method, length)]
+            base = [s for s in stock[length] if s]
+            results.append(BenchResult(
+                method=method, length=length,
+                prefill_tps=median([s["prefill_tps"] for s in samples]) or 0.0,
+                decode_tps=median([s["decode_tps"] for s in samples]),
+                kv_bytes=samples[-1]["kv_bytes"],
+                rss_bytes=max(s["rss_bytes"] for s in samples),
+                stock_prefill_tps=median([s["prefill_tps"] for s in base]),
+                stock_decode_tps=median([s["decode_tps"] for s in base]),
+            ))
+    return results
+
+
+def _fmt(x: Optional[float], spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown_table(results: Sequence[BenchResult]) -> str:
+    head = ("| method | length | prefill tok/s | vs stock | decode tok/s | vs stock | KV MiB | RSS MiB |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [
+        f"| {r.method} | {r.length} | {_fmt(r.prefill_tps)} | {_fmt(r.ratio('prefill'), '.3f')} | "
+        f"{_fmt(r.decode_tps)} | {_fmt(r.ratio('decode'), '.3f')} | "
+        f"{_fmt(r.kv_bytes / 2**20 if r.kv_bytes is not None else None)} | {r.rss_bytes / 2**20:.0f} |"
+        for r in results
+    ]
+    return "\n".join([head, *rows])
+
+
+def plot_bench(results: Sequence[BenchResult], path: Path, title: str = "") -> None:
+    from .plots import _pyplot
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), dpi=100)
+    methods = list(dict.fromkeys(r.method for r in results))
+    for what, ax in zip(("prefill", "decode"), axes[:2]):
+        for method in methods:
+            rows = sorted((r.length, getattr(r, f"{what}_tps")) for r in results if r.method == method)
+            ax.plot([x for x, _ in rows], [y for _, y in rows], marker="o", label=method)
+        stock = sorted({(r.length, getattr(r, f"stock_{what}_tps")) for r in results
+                        if getattr(r, f"stock_{what}_tps") is not None})
+        if stock:
+            ax.plot([x for x, _ in stock], [y for _, y in stock], "k--", marker="x", label="stock llama.cpp")
+        ax.set_title(f"{what} tokens/s")
+    for method in methods:
+        rows = sorted((r.length, (r.kv_bytes or 0) / 2**20) for r in results if r.method == method)
+        axes[2].plot([x for x, _ in rows], [y for _, y in rows], marker="o", label=method)
+    axes[2].set_title("KV cache (MiB)")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or "farctx bench")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

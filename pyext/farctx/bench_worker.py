@@ -1,0 +1,77 @@
+"""One benchmark measurement in a process of its own (so stock and patched llama.cpp never share one).
+
+    python -m farctx.bench_worker --method lminf --length 4096 [--stock] [llama options as JSON]
+
+Prints one JSON object: prefill_tps, decode_tps, kv_bytes, rss_bytes. With --stock it runs
+llama-cpp-python's own Llama on the unpatched library (LLAMA_CPP_LIB_PATH set by the caller).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+
+def corpus(tokenize, n: int) -> list[int]:
+    from farctx.data import NOVELS, austen
+
+    tokens: list[int] = []
+    for novel in NOVELS:
+        tokens += tokenize(austen(novel).encode("utf-8"))
+        if len(tokens) >= n:
+            break
+    while len(tokens) < n:
+        tokens += tokens
+    return tokens[:n]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--method", default="vanilla")
+    ap.add_argument("--length", type=int, required=True)
+    ap.add_argument("--n-gen", type=int, default=16)
+    ap.add_argument("--stock", action="store_true")
+    ap.add_argument("--kwargs", default="{}", help="llama keyword arguments as JSON")
+    args = ap.parse_args()
+    kwargs = json.loads(args.kwargs)
+    kwargs.setdefault("verbose", False)
+
+    if args.stock:
+        import llama_cpp
+
+        kwargs["n_ctx"] = args.length + args.n_gen
+        llm = llama_cpp.Llama(model_path=args.model, **kwargs)
+    else:
+        import farctx
+
+        from farctx.methods import WHOLE_STREAM_METHODS
+
+        if args.method == "vanilla" or args.method in WHOLE_STREAM_METHODS:
+            kwargs["n_ctx"] = args.length + args.n_gen  # the whole stream; fixed-cache methods size their own
+        llm = farctx.Llama(args.model, method=args.method, **kwargs)
+
+    tokens = corpus(lambda b: llm.tokenize(b, add_bos=False), args.length + args.n_gen)
+    start = time.perf_counter()
+    llm.eval(tokens[: args.length])
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for t in tokens[args.length : args.length + args.n_gen]:
+        llm.eval([t])
+    decode = time.perf_counter() - start
+    kv_bytes = None if args.stock else llm.stats()["kv_bytes"]  # stock has no KV-size API
+    result = {
+        "prefill_tps": args.length / prefill,
+        "decode_tps": args.n_gen / decode if args.n_gen else None,
+        "kv_bytes": kv_bytes,
+        "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "n_ctx": llm.n_ctx(),
+    }
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""farctx bench: the harness's arithmetic and output formats (no timed assertions)."""
+
+from __future__ import annotations
+
+import json
+
+from test_errors import run_cli
+
+from farctx.bench import BenchResult, markdown_table, median
+
+
+def test_median_skips_missing_values():
+    assert median([3.0, None, 1.0, 2.0]) == 2.0
+    assert median([None, None]) is None
+    assert median([]) is None
+
+
+def test_ratio_and_table():
+    r = BenchResult("lminf", 4096, prefill_tps=90.0, decode_tps=30.0, kv_bytes=2**21, rss_bytes=2**28,
+                    stock_prefill_tps=100.0, stock_decode_tps=None)
+    assert r.ratio("prefill") == 0.9
+    assert r.ratio("decode") is None
+    table = markdown_table([r]).splitlines()
+    assert table[0].startswith("| method | length | prefill tok/s | vs stock |")
+    assert table[2] == "| lminf | 4096 | 90.0 | 0.900 | 30.0 | - | 2.0 | 256 |"
+    assert set(r.as_dict()) == {"method", "length", "prefill_tps", "decode_tps", "kv_bytes", "rss_bytes",
+                                "stock_prefill_tps", "stock_decode_tps"}
+
+
+def test_cli_bench_writes_the_contract(tmp_path, tiny_model):
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", "-m", str(tiny_model), "--methods", "vanilla,lminf", "--lengths", "64,128",
+                     "--reps", "1", "-n", "2", "--json", str(out), "--plot", str(tmp_path / "bench.png"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["n_ctx_train"] == 32 and report["machine"]
+    rows = report["results"]
+    assert [(r["method"], r["length"]) for r in rows] == [("vanilla", 64), ("vanilla", 128), ("lminf", 64), ("lminf", 128)]
+    for r in rows:
+        assert r["prefill_tps"] > 0 and r["decode_tps"] > 0 and r["kv_bytes"] > 0 and r["rss_bytes"] > 0
+        assert r["stock_prefill_tps"] > 0 and r["stock_decode_tps"] > 0  # stock ran in the same run
+    assert "| lminf | 128 |" in result.stdout
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
