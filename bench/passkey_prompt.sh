@@ -20,10 +20,14 @@ filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
 question = "What is the pass key? The pass key is"
 llm = farctx.Llama(n_ctx=256)
-per = len(llm.tokenize(filler.encode(), add_bos=False))
-n_fill = (16500 - 100) // per
-half = n_fill // 2
-text = prefix + filler * half + needle + filler * (n_fill - half) + question
+def build(n_fill):
+    half = n_fill // 2
+    return prefix + filler * half + needle + filler * (n_fill - half) + question
+
+n_fill = 16500 // len(llm.tokenize(filler.encode(), add_bos=False))
+while len(llm.tokenize(build(n_fill).encode())) < 16500:  # past 2 x 8192
+    n_fill += 10
+text = build(n_fill)
 open(sys.argv[1], "w").write(text)
 print(key, len(llm.tokenize(text.encode())))
 PY
