@@ -170,9 +170,13 @@ def info(model: str | None, as_json: bool) -> None:
 
 from .bench_cmd import bench  # noqa: E402
 from .eval_cmd import eval_group  # noqa: E402
+from .chat_cmd import chat  # noqa: E402
+from .serve_cmd import serve  # noqa: E402
 
 main.add_command(eval_group)
 main.add_command(bench)
+main.add_command(serve)
+main.add_command(chat)
 
 
 if __name__ == "__main__":

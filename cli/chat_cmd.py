@@ -1,0 +1,55 @@
+"""farctx chat: an interactive conversation in the terminal past the trained context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import llama_kwargs, method_options, model_option, runtime_options
+
+
+@click.command()
+@model_option()
+@click.option("-sys", "--system-prompt", "--system", "system", default=None, help="system prompt")
+@click.option("-f", "--file", default=None, metavar="FNAME",
+              help="a document to load into the conversation first (prefixed to the first message)")
+@click.option("-n", "--n-predict", "n_predict", type=int, default=-1, show_default=True,
+              help="most tokens per answer (-1: until the model stops, or the cache is full)")
+@click.option("--temp", type=click.FloatRange(0.0), default=0.8, show_default=True, help="temperature (0: greedy)")
+@click.option("--seed", type=int, default=-1, show_default=True, help="sampling seed (-1: random)")
+@click.option("--top-k", type=int, default=40, show_default=True)
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--ctx-max", type=click.IntRange(0), default=0,
+              help="mesa/selfextend/rerope: largest cache the conversation may grow it to (0: 8 x n_ctx_train)")
+@runtime_options()
+@method_options()
+def chat(model: str | None, system: str | None, file: str | None, n_predict: int, temp: float, seed: int,
+         top_k: int, top_p: float, ctx_max: int, **opts: Any) -> None:
+    """Chat with the model, one line a message (/exit or end of input to stop).
+
+    With lminf the cache stays the same size however long the conversation runs, and the head
+    every prompt starts with (BOS, the system prompt, the first user header) is the global
+    tokens, unless --n-global says otherwise.
+    """
+    from farctx.chat import Chat, fixed_head_tokens, run_chat
+    from farctx.models import resolve_model_path
+    from farctx.slot import Slot
+
+    document = None
+    if file is not None:
+        path = Path(file)
+        if not path.is_file():
+            raise click.BadParameter(f"no such file: {file}", param_hint="-f")
+        document = path.read_text(encoding="utf-8", errors="replace")
+    kwargs = llama_kwargs(opts)
+    if kwargs["method"] in ("lminf", "lambda-only") and "n_global" not in kwargs:
+        kwargs["n_global"] = fixed_head_tokens(str(resolve_model_path(model)), system) or 10
+    slot = Slot.from_kwargs(model, kwargs, ctx_max=ctx_max)
+    slot.engine(slot.method)  # load now: errors before the first message
+    sampling: dict[str, Any] = {"temperature": temp, "top_k": top_k, "top_p": top_p,
+                                "max_tokens": n_predict if n_predict > 0 else None}
+    if seed >= 0:
+        sampling["seed"] = seed
+    run_chat(Chat(slot, system=system, document=document, sampling=sampling))

@@ -1,0 +1,43 @@
+"""farctx serve: an OpenAI-compatible server (llama-server's flag names) past the trained context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import llama_kwargs, method_options, model_option, runtime_options
+
+
+@click.command()
+@model_option()
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="port to listen on")
+@click.option("-a", "--alias", default=None, help="the model's name in the API (default: the file name)")
+@click.option("--ctx-max", type=click.IntRange(0), default=0,
+              help="mesa/selfextend/rerope: largest cache a request may grow it to (0: 8 x n_ctx_train)")
+@click.option("--no-override", is_flag=True, help="refuse a per-request method (the `farctx` body field)")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+@runtime_options()
+@method_options()
+def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: int, no_override: bool,
+          log_level: str, **opts: Any) -> None:
+    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
+
+    Prompts past the cache stream through it with lminf/window/lambda-only/streaming; with
+    mesa/selfextend/rerope the cache is sized to each prompt (up to --ctx-max); vanilla answers a
+    prompt that does not fit with llama.cpp's exceed_context_size_error. A request may ask for
+    another method with a `farctx` field ({"method": "mesa", ...}): the engine is loaded again
+    for it.
+    """
+    from farctx.models import resolve_model_path
+    from farctx.server import Server
+    from farctx.server import serve as run_server
+    from farctx.slot import Slot
+
+    slot = Slot.from_kwargs(model, llama_kwargs(opts), ctx_max=ctx_max)
+    name = alias or Path(resolve_model_path(model)).stem
+    run_server(Server(slot, name, allow_override=not no_override), host=host, port=port, log_level=log_level)
+

@@ -1,0 +1,147 @@
+"""llm plugin: farctx models in simonw's `llm` CLI.
+
+    llm farctx add model.gguf --alias mymodel      # registers farctx/mymodel
+    llm -m farctx/mymodel -o method lminf "..."    # -o takes every farctx method parameter
+    llm -m farctx "..."                            # the bundled default model
+
+Registered models live in `farctx-models.json` in llm's user directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import click
+import llm
+from pydantic import Field, field_validator
+
+import farctx  # first: points llama_cpp at farctx's patched library
+
+REGISTRY = "farctx-models.json"
+
+
+def _registry_path() -> Path:
+    return llm.user_dir() / REGISTRY
+
+
+def registered() -> dict[str, str]:
+    path = _registry_path()
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@llm.hookimpl
+def register_models(register: Any) -> None:
+    try:
+        register(FarctxModel("farctx", str(farctx.default_model_path())))
+    except farctx.FarctxError:
+        pass  # no bundled model here
+    for alias, path in sorted(registered().items()):
+        register(FarctxModel(f"farctx/{alias}", path))
+
+
+@llm.hookimpl
+def register_commands(cli: click.Group) -> None:
+    @cli.group(name="farctx")
+    def farctx_group() -> None:
+        """farctx models: GGUF files run past their trained context."""
+
+    @farctx_group.command(name="add")
+    @click.argument("path", type=click.Path(exists=True, dir_okay=False, resolve_path=True))
+    @click.option("--alias", default=None, help="model name after farctx/ (default: the file name)")
+    def add(path: str, alias: Optional[str]) -> None:
+        """Register a GGUF file as farctx/ALIAS."""
+        farctx.model_info(path)  # a clear error for a file that is not a model
+        models = registered()
+        name = alias or Path(path).stem
+        models[name] = path
+        _registry_path().parent.mkdir(parents=True, exist_ok=True)
+        _registry_path().write_text(json.dumps(models, indent=2))
+        click.echo(f"farctx/{name}: {path}")
+
+    @farctx_group.command(name="remove")
+    @click.argument("alias")
+    def remove(alias: str) -> None:
+        """Forget farctx/ALIAS."""
+        models = registered()
+        if models.pop(alias, None) is None:
+            raise click.ClickException(f"no model farctx/{alias}")
+        _registry_path().write_text(json.dumps(models, indent=2))
+
+
+_METHOD_PARAMS = ("n_ctx_train", "n_global", "n_local", "n_sink", "first_chunk", "stair_width", "last_context",
+                  "gen_budget", "group", "neighbor")
+
+
+class FarctxModel(llm.Model):
+    can_stream = True
+
+    class Options(llm.Options):
+        method: Optional[str] = Field(None, description=f"attention method: {', '.join(farctx.METHODS)}")
+        n_ctx_train: Optional[int] = Field(None, ge=0, description="trained context to assume")
+        n_global: Optional[int] = Field(None, ge=0, description="lminf: global tokens")
+        n_local: Optional[int] = Field(None, ge=0, description="lminf/window: local window")
+        n_sink: Optional[int] = Field(None, ge=0, description="streaming: sink tokens")
+        first_chunk: Optional[int] = Field(None, ge=1, description="mesa: first chunk")
+        stair_width: Optional[int] = Field(None, ge=1, description="mesa: stair width")
+        last_context: Optional[int] = Field(None, ge=1, description="mesa: last context")
+        gen_budget: Optional[int] = Field(None, ge=0, description="mesa: generation budget")
+        group: Optional[int] = Field(None, ge=0, description="selfextend: group size")
+        neighbor: Optional[int] = Field(None, ge=0, description="selfextend: neighbour window")
+        n_ctx: Optional[int] = Field(None, ge=0, description="KV cache cells (default: the method's)")
+        max_tokens: Optional[int] = Field(None, ge=1, description="most tokens to generate")
+        temperature: Optional[float] = Field(None, ge=0, description="0: greedy")
+        seed: Optional[int] = Field(None, description="sampling seed")
+
+        @field_validator("method")
+        @classmethod
+        def known_method(cls, value: Optional[str]) -> Optional[str]:
+            if value is not None and value not in farctx.METHODS:
+                raise ValueError(f"unknown method '{value}' (choose from {', '.join(farctx.METHODS)})")
+            return value
+
+    def __init__(self, model_id: str, path: str) -> None:
+        self.model_id = model_id
+        self.path = path
+        self._slots: dict[int, Any] = {}
+
+    def _slot(self, n_ctx: int) -> Any:
+        from farctx.slot import Slot
+
+        if n_ctx not in self._slots:
+            self._slots[n_ctx] = Slot(self.path, {"n_ctx": n_ctx}, {"method": "vanilla"}, log=open(os.devnull, "w"))
+        return self._slots[n_ctx]
+
+    def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
+                conversation: Optional[llm.Conversation]) -> Iterator[str]:
+        options = prompt.options
+        override = {name: getattr(options, name) for name in ("method", *_METHOD_PARAMS)
+                    if getattr(options, name) is not None}
+        sampling = {name: getattr(options, name) for name in ("max_tokens", "temperature", "seed")
+                    if getattr(options, name) is not None}
+        slot = self._slot(options.n_ctx or 0)
+        messages = _messages(prompt, conversation)
+        with slot.lock:
+            chunks = slot.run(lambda engine: engine.create_chat_completion(messages=messages, stream=True, **sampling),
+                              override)
+            for chunk in chunks:
+                piece = chunk["choices"][0]["delta"].get("content")
+                if piece:
+                    yield piece
+
+
+def _messages(prompt: llm.Prompt, conversation: Optional[llm.Conversation]) -> list[dict[str, str]]:
+    messages: list[dict[str, str]] = []
+    system = None
+    for earlier in conversation.responses if conversation is not None else []:
+        if earlier.prompt.system and earlier.prompt.system != system:
+            system = earlier.prompt.system
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": earlier.prompt.prompt or ""})
+        messages.append({"role": "assistant", "content": earlier.text()})
+    if prompt.system and prompt.system != system:
+        messages.append({"role": "system", "content": prompt.system})
+    messages.append({"role": "user", "content": prompt.prompt or ""})
+    return messages

@@ -1,0 +1,327 @@
+"""`farctx serve`: an OpenAI-compatible HTTP server over one `Slot`.
+
+Reuses llama-cpp-python's server pieces where they fit: its request models (extended here:
+unknown fields are an error, `max_tokens` is bounded, plus `farctx`, `return_progress`,
+`stream_options` and `max_completion_tokens`), its request preparation (logit bias, grammar,
+min_tokens) and sse-starlette for streams. Its app is not reused: it keeps one model in
+module-level globals, ignores unknown fields, and has no place for per-request cache sizing,
+`prompt_progress` chunks or llama.cpp's `exceed_context_size_error`.
+
+Requests are served one at a time: a worker thread takes the slot's lock and holds it until its
+completion or stream is over; a client that goes away cancels its work (between tokens, or
+between prefill batches) and the lock is released by the thread that holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Literal, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from llama_cpp.server.app import prepare_request_resources
+from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette.sse import EventSourceResponse
+
+from .errors import FarctxError
+from .methods import METHODS
+from .progress import Progress
+from .slot import ContextError, Slot, SlotLlama
+
+MAX_TOKENS = 2**31 - 1  # positions are 32-bit
+
+
+class FarctxOverride(BaseModel):
+    """The `farctx` body field: this request's method and parameters (the server's for the rest)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Optional[Literal[METHODS]] = None  # type: ignore[valid-type]
+    n_ctx_train: Optional[int] = Field(None, ge=0)
+    n_global: Optional[int] = Field(None, ge=0)
+    n_local: Optional[int] = Field(None, ge=0)
+    n_sink: Optional[int] = Field(None, ge=0)
+    first_chunk: Optional[int] = Field(None, ge=1)
+    stair_width: Optional[int] = Field(None, ge=1)
+    last_context: Optional[int] = Field(None, ge=1)
+    gen_budget: Optional[int] = Field(None, ge=0)
+    group: Optional[int] = Field(None, ge=0)
+    neighbor: Optional[int] = Field(None, ge=0)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
+class _Extensions(BaseModel):
+    """What farctx adds to llama-cpp-python's request models."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
+    n: Optional[int] = Field(default=1, ge=1, le=1, description="one choice per request")
+    farctx: Optional[FarctxOverride] = None
+    return_progress: bool = Field(default=False, description="prompt_progress chunks while a stream prefills")
+    stream_options: Optional[StreamOptions] = None
+
+
+class CompletionRequest(_Extensions, CreateCompletionRequest):
+    max_tokens: Optional[int] = Field(default=16, ge=1, le=MAX_TOKENS)
+
+
+class ChatCompletionRequest(_Extensions, CreateChatCompletionRequest):
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
+
+
+_NOT_LLAMA_KWARGS = {"n", "best_of", "logit_bias_type", "user", "min_tokens", "farctx", "return_progress",
+                     "stream_options", "max_completion_tokens"}
+
+
+def error_body(status: int, message: str, kind: str, **extra: Any) -> dict[str, Any]:
+    """llama.cpp server's error shape (OpenAI's plus `code` as the HTTP status)."""
+    return {"error": {"code": status, "message": message, "type": kind, **extra}}
+
+
+def _error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, ContextError):
+        return 400, error_body(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens,
+                               n_ctx=exc.n_ctx)
+    if isinstance(exc, FarctxError):
+        return 400, error_body(400, str(exc), "invalid_request_error")
+    print("farctx: request failed:", file=sys.stderr)
+    traceback.print_exception(exc, file=sys.stderr)
+    return 500, error_body(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    """One request's work on the slot, run in a thread; events go to the event loop's queue."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: "asyncio.Queue[tuple[str, Any]]" = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, kind: str, value: Any = None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is gone (server shutting down)
+            self.cancel.set()
+
+
+@dataclass
+class Server:
+    """The app's state: the slot, the name clients use for the model, and the policy."""
+
+    slot: Slot
+    alias: str
+    allow_override: bool = True
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        llm = self.slot.engine(self.slot.method)  # load now: a bad model fails at startup
+        self.meta = {
+            "method": llm.method_params.method,
+            "params": llm.method_params.relevant(),
+            "n_ctx": llm.n_ctx(),
+            "n_ctx_train": self.slot.n_ctx_train,
+            "ctx_max": self.slot.ctx_max,
+            "path": self.slot.path,
+            "override": self.allow_override,
+        }
+
+    # -- the worker --------------------------------------------------------------------------
+
+    def _work(self, job: _Job, body: CompletionRequest | ChatCompletionRequest, kwargs: dict[str, Any],
+              chat: bool) -> None:
+        with self.slot.lock:
+            if job.cancel.is_set():
+                return
+            try:
+                self._serve(job, body, kwargs, chat)
+            except _Cancelled:
+                pass
+            except BaseException as exc:  # reported to the client, the server stays up
+                job.emit("error", exc)
+
+    def _serve(self, job: _Job, body: CompletionRequest | ChatCompletionRequest, kwargs: dict[str, Any],
+               chat: bool) -> None:
+        override = body.farctx.model_dump(exclude_none=True) if body.farctx is not None else None
+        if override and not self.allow_override:
+            raise FarctxError("this server does not take a per-request method (started with --no-override)")
+        state: dict[str, Any] = {"model": kwargs["model"]}
+
+        def call(llm: SlotLlama) -> Any:
+            state["llm"] = llm
+            args = dict(kwargs)  # prepared again when the cache is resized
+            prepare_request_resources(body, lambda _model: llm, None, args)  # type: ignore[arg-type]
+            return (llm.create_chat_completion if chat else llm.create_completion)(**args)
+
+        progress = self._progress(job, state, body.stream and body.return_progress, chat)
+        result = self.slot.run(call, override, progress)
+        if not body.stream:
+            job.emit("result", result)
+            return
+        n_completion = 0  # llama_cpp streams one chunk per sampled token
+        chunks = iter(result)
+        try:
+            for chunk in chunks:
+                if job.cancel.is_set():
+                    return
+                choice = chunk["choices"][0] if chunk.get("choices") else {}
+                n_completion += choice.get("finish_reason") is None and ("text" in choice or "content" in
+                                                                         (choice.get("delta") or {}))
+                job.emit("chunk", chunk)
+        finally:
+            getattr(chunks, "close", lambda: None)()
+        if body.stream_options is not None and body.stream_options.include_usage:
+            n_prompt = state["llm"].last_prompt_tokens
+            job.emit("chunk", {
+                "id": f"usage-{uuid.uuid4()}", "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": kwargs.get("model"), "choices": [],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
+                          "total_tokens": n_prompt + n_completion},
+            })
+        job.emit("done")
+
+    def _progress(self, job: _Job, state: dict[str, Any], to_client: bool, chat: bool) -> Callable[[int, int], None]:
+        """Prefill progress: cancels when the client is gone; llama.cpp's `prompt_progress` chunks
+        when asked for; a progress line on the log for long prompts. Only the prompt's feed reports."""
+        started = time.monotonic()
+        log = Progress("prefill", min_total=1024)
+        request_id = f"progress-{uuid.uuid4()}"
+
+        def progress(done: int, total: int) -> None:
+            if job.cancel.is_set():
+                raise _Cancelled()
+            if state.get("prompt_done"):
+                return
+            state["prompt_done"] = done >= total
+            log(done, total)
+            if not to_client:
+                return
+            n_prompt = state["llm"].last_prompt_tokens
+            cache = max(0, n_prompt - total)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+            choice.update({"delta": {}} if chat else {"text": "", "logprobs": None})
+            job.emit("chunk", {
+                "id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": state.get("model"), "choices": [choice],
+                "prompt_progress": {"total": n_prompt, "cache": cache, "processed": min(n_prompt, cache + done),
+                                    "time_ms": round(1000 * (time.monotonic() - started), 3)},
+            })
+
+        return progress
+
+    # -- the endpoints -----------------------------------------------------------------------
+
+    async def handle(self, request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool) -> Any:
+        kwargs = body.model_dump(exclude=_NOT_LLAMA_KWARGS)
+        kwargs["model"] = body.model or self.alias
+        if chat and body.max_completion_tokens is not None:  # type: ignore[union-attr]
+            kwargs["max_tokens"] = body.max_completion_tokens  # type: ignore[union-attr]
+        job = _Job(asyncio.get_running_loop())
+        threading.Thread(target=self._work, args=(job, body, kwargs, chat), daemon=True,
+                         name="farctx-request").start()
+        try:
+            kind, value = await job.queue.get()
+        except BaseException:
+            job.cancel.set()
+            raise
+        if kind == "error":
+            status, payload = _error_response(value)
+            return JSONResponse(payload, status_code=status)
+        if not body.stream:
+            return value
+        return EventSourceResponse(self._events(job, (kind, value)), sep="\n")
+
+    async def _events(self, job: _Job, first: tuple[str, Any]) -> AsyncIterator[dict[str, str]]:
+        try:
+            kind, value = first
+            while True:
+                if kind == "done":
+                    yield {"data": "[DONE]"}
+                    return
+                if kind == "error":
+                    yield {"data": json.dumps(_error_response(value)[1])}
+                    return
+                yield {"data": json.dumps(value)}
+                kind, value = await job.queue.get()
+        finally:  # the client went away, or the stream is over: the worker stops at its next token
+            job.cancel.set()
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "model_attributes_type" and not loc:
+            parts.append("the body must be a JSON object (Content-Type: application/json)")
+            continue
+        if err.get("type") == "json_invalid":
+            parts.append(f"invalid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
+            continue
+        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+def create_app(server: Server) -> FastAPI:
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health."""
+    import farctx
+
+    app = FastAPI(title="farctx", version=farctx.__version__)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(400, _validation_message(exc), "invalid_request_error"), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": server.alias, "object": "model", "created": server.created, "owned_by": "farctx",
+            "meta": server.meta,
+        }]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> Any:
+        if isinstance(body.prompt, list):
+            if len(body.prompt) > 1:
+                return JSONResponse(error_body(400, "prompt: one prompt per request", "invalid_request_error"),
+                                    status_code=400)
+            body.prompt = body.prompt[0] if body.prompt else ""
+        return await server.handle(request, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
+        if not body.messages:
+            return JSONResponse(error_body(400, "messages: at least one message", "invalid_request_error"),
+                                status_code=400)
+        return await server.handle(request, body, chat=True)
+
+    return app
+
+
+def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    import uvicorn
+
+    print(f"farctx: serving {server.alias} ({server.slot.engine(server.slot.method).method_params.describe()}) "
+          f"on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(server), host=host, port=port, log_level=log_level)
