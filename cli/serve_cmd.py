@@ -33,9 +33,13 @@ def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: i
     for it.
     """
     from farctx.models import resolve_model_path
-    from farctx.server import Server
-    from farctx.server import serve as run_server
     from farctx.slot import Slot
+
+    try:
+        from farctx.server import Server
+        from farctx.server import serve as run_server
+    except ImportError as exc:
+        raise click.ClickException(f"farctx serve needs the server packages: pip install 'farctx[serve]' ({exc})")
 
     slot = Slot.from_kwargs(model, llama_kwargs(opts), ctx_max=ctx_max)
     name = alias or Path(resolve_model_path(model)).stem
