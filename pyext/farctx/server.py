@@ -229,7 +229,7 @@ class Server:
 
     # -- the endpoints -----------------------------------------------------------------------
 
-    async def handle(self, request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool) -> Any:
+    async def handle(self, body: CompletionRequest | ChatCompletionRequest, chat: bool) -> Any:
         kwargs = body.model_dump(exclude=_NOT_LLAMA_KWARGS)
         kwargs["model"] = body.model or self.alias
         if chat and body.max_completion_tokens is not None:  # type: ignore[union-attr]
@@ -301,20 +301,20 @@ def create_app(server: Server) -> FastAPI:
         }]}
 
     @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest) -> Any:
+    async def completions(body: CompletionRequest) -> Any:
         if isinstance(body.prompt, list):
             if len(body.prompt) > 1:
                 return JSONResponse(error_body(400, "prompt: one prompt per request", "invalid_request_error"),
                                     status_code=400)
             body.prompt = body.prompt[0] if body.prompt else ""
-        return await server.handle(request, body, chat=False)
+        return await server.handle(body, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
         if not body.messages:
             return JSONResponse(error_body(400, "messages: at least one message", "invalid_request_error"),
                                 status_code=400)
-        return await server.handle(request, body, chat=True)
+        return await server.handle(body, chat=True)
 
     return app
 

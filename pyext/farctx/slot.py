@@ -114,10 +114,6 @@ class Slot:
         MethodParams.from_kwargs(method, merged)  # unknown names, wrong types: FarctxError
         return {"method": method, **{k: v for k, v in merged.items() if v is not None}}
 
-    def params(self) -> MethodParams:
-        """The parameters in force in the loaded engine (loading the default one if none is)."""
-        return self.engine(self.method).method_params
-
     # -- the engine --------------------------------------------------------------------------
 
     def engine(self, method: dict[str, Any], cells: int = 0) -> SlotLlama:
