@@ -11,8 +11,18 @@ import farctx  # noqa: F401  (first: points llama_cpp at the patched library)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers import gpu_layers  # noqa: E402
 from oracle import OracleModel  # noqa: E402
 from tiny_gguf import TinyConfig, write_tiny_gguf  # noqa: E402
+
+if gpu_layers():  # FARCTX_TEST_NGL=all: every engine of the tests offloads its layers to the GPU
+    _llama_init = farctx.Llama.__init__
+
+    def _llama_init_offloaded(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("n_gpu_layers", gpu_layers())
+        _llama_init(self, *args, **kwargs)
+
+    farctx.Llama.__init__ = _llama_init_offloaded  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+
+def gpu_layers() -> int:
+    """FARCTX_TEST_NGL: layers every farctx.Llama of the tests offloads (`all` or -1: all of them;
+    unset or 0: none, the CPU-only default). scripts/gpu-check sets `all`."""
+    value = os.environ.get("FARCTX_TEST_NGL", "0").strip().lower()
+    return -1 if value in ("all", "-1") else int(value)
+
 
 # ggml type ids of the KV caches under test
 F32, F16, Q8_0, BF16 = 0, 1, 8, 30
