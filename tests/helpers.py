@@ -33,6 +33,7 @@ class Tolerance:
         diff = np.abs(got - ref)
         scale = float(np.abs(ref).max())
         detail = f"{what}: max diff {diff.max():.3g}, mean {diff.mean():.3g}, logit scale {scale:.3g}"
+        print(detail)  # shown with pytest -rP: the measured error of each configuration
         if self.max_abs is not None:
             assert diff.max() <= self.max_abs, detail
         if self.max_rel is not None:
@@ -46,6 +47,10 @@ def tolerance(type_k: int, type_v: int, flash_attn: bool) -> Tolerance:
         # llama.cpp also quantizes the queries to Q8_0 for the K.Q product: measured 2.7% max, 0.2% mean
         return Tolerance(max_rel=6e-2, mean_rel=5e-3)
     if type_k == F32 and type_v == F32 and not flash_attn:
+        if gpu_layers():
+            # offloaded: CUDA's cuBLAS computes F32 products in TF32 (10-bit mantissa, as F16;
+            # ggml-cuda/common.cuh:1535), so the F16 bound applies
+            return Tolerance(max_rel=2e-2)
         return Tolerance(max_abs=1e-4)
     if BF16 in (type_k, type_v):
         return Tolerance(max_rel=3e-2)  # 8-bit mantissa: measured 0.9%
