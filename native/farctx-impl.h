@@ -28,6 +28,8 @@ struct farctx_session {
     bool    fill_error;            /* the policy refused a ubatch       */
     int64_t evicted_to;            /* positions [n_global, evicted_to) left the cache */
     struct farctx_mesa mesa;
+    struct llama_attn_extrap_params custom;  /* the method's graph settings              */
+    bool    plain;                 /* the context runs the stock graph (mode NONE) now */
     char    error[FARCTX_ERR_LEN];
 };
 
@@ -54,6 +56,9 @@ int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next
 bool farctx_policy_fixed_cache(const struct farctx_params * p);
 /* tokens at the head of the stream that are never evicted (globals, sinks) */
 int32_t farctx_policy_head(const struct farctx_params * p);
+/* queries at positions below this see exactly what vanilla attention shows them (every earlier key,
+ * true distances, no scale): the stock graph computes them (no second segment, flash attention) */
+int64_t farctx_policy_plain_below(const struct farctx_session * s);
 
 /* Mesa-Extrapolation (farctx-mesa.c) */
 void    farctx_mesa_plan(struct farctx_session * s, int64_t n);

@@ -2,6 +2,7 @@
 #include "farctx-impl.h"
 
 #include <math.h>
+#include <stdint.h>
 
 /* a key j (true position) is visible from query i in the main segment, with relpos i - j */
 static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
@@ -97,6 +98,24 @@ static int32_t head_tokens(const struct farctx_params * p) {
 
 int32_t farctx_policy_head(const struct farctx_params * p) {
     return head_tokens(p);
+}
+
+int64_t farctx_policy_plain_below(const struct farctx_session * s) {
+    const struct farctx_params * p = &s->params;
+    switch (p->method) {
+        case FARCTX_METHOD_VANILLA:     return INT64_MAX;
+        case FARCTX_METHOD_LMINF:
+        case FARCTX_METHOD_WINDOW:
+        case FARCTX_METHOD_LAMBDA_ONLY:
+        case FARCTX_METHOD_REROPE:
+        case FARCTX_METHOD_STREAMING:   return p->n_local;   /* every key within the window */
+        case FARCTX_METHOD_SELFEXTEND:  return p->neighbor;  /* every key within the neighbours */
+        case FARCTX_METHOD_MESA:
+            /* a chunked prompt: its first chunk; otherwise until the cache passes the trained context
+             * (then stair positions and the log-n scale start) */
+            return s->mesa.chunked ? p->first_chunk : p->n_ctx_train;
+        default:                        return 0;
+    }
 }
 
 int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {

@@ -37,7 +37,8 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
 
     struct llama_attn_extrap_params ex;
     farctx_policy_setup(s, &ex);
-    const int32_t rc = llama_set_attn_extrap(ctx, &ex);
+    s->custom = ex;
+    const int32_t rc = llama_set_attn_extrap(ctx, &ex);  /* also checks that the model can run it */
     if (rc != LLAMA_ATTN_EXTRAP_OK) {
         farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run here: %s",
             farctx_method_name(s->params.method),
@@ -165,6 +166,16 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
                 llama_memory_seq_rm(mem, 0, head, (llama_pos) first);
                 s->evicted_to = first;
             }
+        }
+
+        /* while every query of the batch sees what vanilla attention shows it, the stock graph runs
+         * (one segment, flash attention where enabled): as fast as stock llama.cpp */
+        const bool plain = s->params.method != FARCTX_METHOD_VANILLA &&
+                           s->n_past + n <= farctx_policy_plain_below(s);
+        if (plain != s->plain) {
+            struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
+            llama_set_attn_extrap(s->ctx, plain ? &none : &s->custom);
+            s->plain = plain;
         }
 
         s->fill_error = false;

@@ -14,7 +14,7 @@ PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Fi
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? The pass key is"
-ANSWER_TOKENS = 7
+ANSWER_TOKENS = 12  # the most answer tokens generated: the key's tokens + 2, at most this
 
 
 @dataclass
@@ -74,7 +74,8 @@ def passkey_of_method(llm: Any, lengths: Sequence[int], depths: Sequence[Optiona
             correct = 0
             for _ in range(samples):
                 sample = make_sample(length, depth, rng, count)
-                out = llm.create_completion(sample.text, max_tokens=ANSWER_TOKENS, temperature=0.0)
+                budget = min(count(f" {sample.key}") + 2, ANSWER_TOKENS)  # digit-by-digit vocabularies too
+                out = llm.create_completion(sample.text, max_tokens=budget, temperature=0.0)
                 correct += parse_answer(out["choices"][0]["text"]) == sample.key
             result = PasskeyResult(llm.method_params.method, length, depth, samples, correct / samples)
             results.append(result)
