@@ -11,7 +11,7 @@ from typing import Any, Optional
 import click
 
 from .eval_cmd import parse_lengths, parse_methods
-from .options import KV_TYPES
+from .options import KV_TYPES, method_options
 
 
 def machine() -> str:
@@ -40,9 +40,10 @@ def machine() -> str:
 @click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512)
 @click.option("--json", "json_path", default=None, metavar="FILE")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png")
+@method_options(with_method=False)
 def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: int, stock_max: int,
           n_threads: Optional[int], n_gpu_layers: str, flash_attn: str, cache_type_k: str, n_ubatch: int,
-          json_path: Optional[str], plot_path: Optional[str]) -> None:
+          json_path: Optional[str], plot_path: Optional[str], **method_opts: Any) -> None:
     """Prefill and decode tokens/s, KV bytes and RSS per method and length, as ratios to stock."""
     import farctx
     from farctx.bench import bench as run_bench
@@ -64,15 +65,17 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
         click.echo(f"farctx bench: rep {rep + 1}/{reps} {who:<12} {length:>7}: prefill {s['prefill_tps']:.1f} tok/s, "
                    f"decode {s['decode_tps']:.1f} tok/s", err=True)
 
+    # the methods' parameters (--n-ctx-train, --n-local, ...) go to farctx only, never to stock
+    params = {k: v for k, v in method_opts.items() if v is not None}
     results = run_bench(path, parse_methods(methods), sorted(set(parse_lengths(lengths))), reps, n_gen, kwargs,
-                        stock_max, on_sample=show)
+                        stock_max, on_sample=show, method_kwargs=params)
     desc = machine()
     click.echo(f"model {Path(path).name} (n_ctx_train {info.n_ctx_train}); {desc}; medians of {reps}; "
                f"ratios against stock llama.cpp (vanilla, same pinned source, no patches) in the same run")
     click.echo(markdown_table(results))
     if json_path:
         payload = {"model": path, "n_ctx_train": info.n_ctx_train, "machine": desc,
-                   "settings": {"reps": reps, "n_gen": n_gen, **kwargs},
+                   "settings": {"reps": reps, "n_gen": n_gen, **kwargs, **params},
                    "results": [r.as_dict() for r in results]}
         Path(json_path).write_text(json.dumps(payload, indent=1) + "\n")
     if plot_path:

@@ -48,8 +48,10 @@ def median(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def run_worker(model: str, method: str, length: int, n_gen: int, kwargs: dict[str, Any],
-               stock: bool) -> Optional[dict[str, Any]]:
+               stock: bool, method_kwargs: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     env = dict(os.environ)
+    if not stock and method_kwargs:
+        kwargs = {**kwargs, **method_kwargs}
     cmd = [sys.executable, "-m", "farctx.bench_worker", "--model", model, "--method", method,
            "--length", str(length), "--n-gen", str(n_gen), "--kwargs", json.dumps(kwargs)]
     if stock:
@@ -68,7 +70,8 @@ def run_worker(model: str, method: str, length: int, n_gen: int, kwargs: dict[st
 
 def bench(model: str, methods: Sequence[str], lengths: Sequence[int], reps: int, n_gen: int,
           kwargs: dict[str, Any], stock_max: int,
-          on_sample: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> list[BenchResult]:
+          on_sample: Callable[[str, int, int, dict[str, Any]], None] | None = None,
+          method_kwargs: Optional[dict[str, Any]] = None) -> list[BenchResult]:
     """Medians over `reps` rounds; every round runs, per length, stock then each method (interleaved)."""
     ours: dict[tuple[str, int], list[dict[str, Any]]] = {(m, x): [] for m in methods for x in lengths}
     stock: dict[int, list[Optional[dict[str, Any]]]] = {x: [] for x in lengths}
@@ -80,7 +83,7 @@ def bench(model: str, methods: Sequence[str], lengths: Sequence[int], reps: int,
                 if on_sample and sample:
                     on_sample("stock", length, rep, sample)
             for method in methods:
-                sample = run_worker(model, method, length, n_gen, kwargs, stock=False)
+                sample = run_worker(model, method, length, n_gen, kwargs, stock=False, method_kwargs=method_kwargs)
                 assert sample is not None
                 ours[(method, length)].append(sample)
                 if on_sample:
