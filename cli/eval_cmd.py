@@ -83,15 +83,17 @@ def eval_group() -> None:
 @click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods")
 @click.option("--lengths", default="1k,2k,4k,8k", show_default=True, help="positions to score at (k = 1024)")
 @click.option("--window", type=click.IntRange(2), default=256, show_default=True, help="tokens scored per length")
+@click.option("--docs", type=click.IntRange(1), default=1, show_default=True,
+              help="streams starting at evenly spaced points of the text; their scored tokens are pooled")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="write the results as JSON (- for stdout)")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="write a PNG plot")
 @runtime_options()
 @method_options(with_method=False)
-def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, window: int,
+def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, window: int, docs: int,
         json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
     """Perplexity of one long document near each length, per method."""
     import farctx
-    from farctx.eval_ppl import PROTOCOL, check_lengths, perplexity_of_method
+    from farctx.eval_ppl import PROTOCOL, check_lengths, perplexity_of_method, pool
     from farctx.plots import plot_ppl
 
     method_list = parse_methods(methods)
@@ -104,16 +106,20 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
     else:
         text, source = Path(file).read_text(encoding="utf-8", errors="replace"), file
     protocol = PROTOCOL.format(window=window)
+    if docs > 1:
+        protocol += f"; {docs} streams starting at evenly spaced points of the text, their scored tokens pooled"
     results = []
     quiet = json_path == "-"
     started = time.monotonic()
     probe = farctx.Llama(model, n_ctx=256, n_batch=256)
     tokens = probe.tokenize(text.encode("utf-8"))
     probe.close()
-    length_list = check_lengths(parse_lengths(lengths), window, len(tokens))
+    length_list = check_lengths(parse_lengths(lengths), window, len(tokens) // docs)
+    starts = [d * (len(tokens) // docs) for d in range(docs)]
     for method in method_list:
         llm = _make_llm(model, method, max(length_list) + 1, base)
-        for r in perplexity_of_method(llm, tokens, length_list, window):
+        per_doc = [perplexity_of_method(llm, tokens[s:], length_list, window) for s in starts]
+        for r in pool(per_doc):
             results.append(r)
             click.echo(f"farctx: {r.method:<12} length {r.length:>7}: ppl {r.ppl:.3f}", err=True)
         llm.close()

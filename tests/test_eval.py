@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import struct
 
@@ -14,7 +15,7 @@ from test_errors import run_cli
 
 import farctx
 from farctx.eval_passkey import make_sample, parse_answer
-from farctx.eval_ppl import nll, perplexity_of_method
+from farctx.eval_ppl import PplResult, nll, perplexity_of_method, pool
 
 
 def test_ppl_nll_equals_the_oracle(tiny_model, oracle):
@@ -34,6 +35,15 @@ def test_ppl_nll_equals_the_oracle(tiny_model, oracle):
 def test_nll_by_hand():
     logits = np.array([[0.0, np.log(3.0)], [2.0, 2.0]])
     assert np.allclose(nll(logits, [1, 0]), [-np.log(0.75), np.log(2.0)])
+
+
+def test_pooled_streams_weigh_every_scored_token_alike():
+    a = [PplResult("lminf", 512, math.exp(2.0), 10), PplResult("lminf", 1024, math.exp(1.0), 10)]
+    b = [PplResult("lminf", 512, math.exp(4.0), 30), PplResult("lminf", 1024, math.exp(3.0), 10)]
+    pooled = pool([a, b])
+    assert [r.length for r in pooled] == [512, 1024]
+    assert pooled[0].ppl == pytest.approx(math.exp((2.0 * 10 + 4.0 * 30) / 40))
+    assert pooled[1].ppl == pytest.approx(math.exp(2.0)) and pooled[1].tokens_scored == 20
 
 
 @pytest.mark.parametrize("answer, key", [(" The pass key is 4821.", 4821), ("4821", 4821), (" 4821 is it", 4821),

@@ -75,3 +75,13 @@ def perplexity_of_method(llm: Any, tokens: Sequence[int], lengths: Sequence[int]
         if on_result is not None:
             on_result(result)
     return results
+
+
+def pool(per_doc: Sequence[Sequence[PplResult]]) -> list[PplResult]:
+    """One result per length from several streams' results: the mean NLL over all their scored tokens."""
+    pooled = []
+    for rows in zip(*per_doc):
+        n = sum(r.tokens_scored for r in rows)
+        mean_nll = sum(math.log(r.ppl) * r.tokens_scored for r in rows) / n
+        pooled.append(PplResult(rows[0].method, rows[0].length, float(math.exp(mean_nll)), n))
+    return pooled
