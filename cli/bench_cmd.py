@@ -47,7 +47,7 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
     """Prefill and decode tokens/s, KV bytes and RSS per method and length, as ratios to stock."""
     import farctx
     from farctx.bench import bench as run_bench
-    from farctx.bench import markdown_table, plot_bench
+    from farctx.bench import markdown_table, plot_bench, scaling, scaling_table
 
     path = str(farctx.model_info(model).path)
     info = farctx.model_info(path)
@@ -73,10 +73,13 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
     click.echo(f"model {Path(path).name} (n_ctx_train {info.n_ctx_train}); {desc}; medians of {reps}; "
                f"ratios against stock llama.cpp (vanilla, same pinned source, no patches) in the same run")
     click.echo(markdown_table(results))
+    if len(set(r.length for r in results)) > 1:
+        click.echo("\nscaling with length (least-squares exponent over the lengths run)")
+        click.echo(scaling_table(results))
     if json_path:
         payload = {"model": path, "n_ctx_train": info.n_ctx_train, "machine": desc,
                    "settings": {"reps": reps, "n_gen": n_gen, **kwargs, **params},
-                   "results": [r.as_dict() for r in results]}
+                   "results": [r.as_dict() for r in results], "scaling": scaling(results)}
         Path(json_path).write_text(json.dumps(payload, indent=1) + "\n")
     if plot_path:
         plot_bench(results, Path(plot_path), Path(path).name)

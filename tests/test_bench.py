@@ -6,7 +6,7 @@ import json
 
 from test_errors import run_cli
 
-from farctx.bench import BenchResult, markdown_table, median
+from farctx.bench import BenchResult, markdown_table, median, scaling, scaling_table
 
 
 def test_median_skips_missing_values():
@@ -27,10 +27,21 @@ def test_ratio_and_table():
                                 "stock_prefill_tps", "stock_decode_tps"}
 
 
+def test_scaling_exponents():
+    def row(n: int, prefill_tps: float, decode_tps: float) -> BenchResult:
+        return BenchResult("m", n, prefill_tps, decode_tps, 0, 0, None, None)
+
+    quadratic = [row(1000, 100.0, 50.0), row(4000, 25.0, 50.0), row(16000, 6.25, 50.0)]  # time ~ n^2, decode flat
+    exps = scaling(quadratic)["m"]
+    assert abs(exps["prefill_time"] - 2.0) < 1e-9 and abs(exps["decode_time_per_token"]) < 1e-9
+    assert scaling([row(1000, 100.0, 50.0)])["m"]["prefill_time"] is None
+    assert scaling_table(quadratic).splitlines()[2] == "| m | 2.00 | 0.00 |"
+
+
 def test_cli_bench_writes_the_contract(tmp_path, tiny_model):
     out = tmp_path / "bench.json"
     result = run_cli("bench", "-m", str(tiny_model), "--methods", "vanilla,lminf", "--lengths", "64,128",
-                     "--reps", "1", "-n", "2", "--json", str(out), "--plot", str(tmp_path / "bench.png"))
+                     "--reps", "1", "-n", "2", "--n-global", "4", "--json", str(out), "--plot", str(tmp_path / "bench.png"))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["n_ctx_train"] == 32 and report["machine"]
@@ -40,4 +51,5 @@ def test_cli_bench_writes_the_contract(tmp_path, tiny_model):
         assert r["prefill_tps"] > 0 and r["decode_tps"] > 0 and r["kv_bytes"] > 0 and r["rss_bytes"] > 0
         assert r["stock_prefill_tps"] > 0 and r["stock_decode_tps"] > 0  # stock ran in the same run
     assert "| lminf | 128 |" in result.stdout
+    assert set(report["scaling"]) == {"vanilla", "lminf"} and "scaling with length" in result.stdout
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"

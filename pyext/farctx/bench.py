@@ -105,6 +105,35 @@ def bench(model: str, methods: Sequence[str], lengths: Sequence[int], reps: int,
     return results
 
 
+def scaling(results: Sequence[BenchResult]) -> dict[str, dict[str, Optional[float]]]:
+    """Per method, the least-squares exponent a of cost ~ length^a over the lengths run: prefill time
+    (length / prefill_tps: 1 = linear, 2 = quadratic) and time per decoded token (0 = constant)."""
+    import math
+
+    def slope(points: list[tuple[float, float]]) -> Optional[float]:
+        if len(points) < 2:
+            return None
+        xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else None
+
+    out: dict[str, dict[str, Optional[float]]] = {}
+    for method in dict.fromkeys(r.method for r in results):
+        rows = [r for r in results if r.method == method]
+        out[method] = {
+            "prefill_time": slope([(r.length, r.length / r.prefill_tps) for r in rows if r.prefill_tps]),
+            "decode_time_per_token": slope([(r.length, 1.0 / r.decode_tps) for r in rows if r.decode_tps]),
+        }
+    return out
+
+
+def scaling_table(results: Sequence[BenchResult]) -> str:
+    rows = [f"| {m} | {_fmt(e['prefill_time'], '.2f')} | {_fmt(e['decode_time_per_token'], '.2f')} |"
+            for m, e in scaling(results).items()]
+    return "\n".join(["| method | prefill time ~ n^a | decode time per token ~ n^a |", "|---|---:|---:|", *rows])
+
+
 def _fmt(x: Optional[float], spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
