@@ -56,4 +56,11 @@ fi
 PATH="$venv/bin:$PATH" PYTHON="$VPY" "$root/scripts/build.sh"
 # stock llama.cpp from the same source, for the baselines of `farctx bench`
 PATH="$venv/bin:$PATH" PYTHON="$VPY" FARCTX_STOCK=1 "$root/scripts/build.sh"
+# llama_cpp's own library folder points at the patched build, so that any `import llama_cpp` in this
+# environment (the llm CLI's other plugins included) loads it; LLAMA_CPP_LIB_PATH still overrides it
+pkg=$("$VPY" -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('llama_cpp').origin))")
+mkdir -p "$pkg/lib"
+for lib in "$root"/build/cmake/bin/lib*.so* "$root"/build/cmake/bin/lib*.dylib; do
+    if [ -e "$lib" ]; then ln -sf "$lib" "$pkg/lib/"; fi
+done
 say "ready (.venv/bin/farctx)"
