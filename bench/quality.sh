@@ -16,7 +16,7 @@ cmd=(eval ppl -m "$model" -f "$text" --methods "$methods" --lengths 128,256,512,
      --json "$out/ppl-shortctx-256.json" --plot "$out/ppl-shortctx-256.png")
 echo "\$ farctx ${cmd[*]}" > "$out/ppl-shortctx-256.md"
 .venv/bin/farctx "${cmd[@]}" >> "$out/ppl-shortctx-256.md"
-cmd=(eval passkey -m "$model" --methods "$methods" --lengths 128,256,512,1k,2k,4k --samples 20 --seed 1 -t 2
+cmd=(eval passkey -m "$model" --methods "$methods" --lengths 128,256,512,1k,2k,4k --samples 10 --seed 1 -t 2
      --json "$out/passkey-shortctx-256.json" --plot "$out/passkey-shortctx-256.png")
 echo "\$ farctx ${cmd[*]}" > "$out/passkey-shortctx-256.md"
 .venv/bin/farctx "${cmd[@]}" >> "$out/passkey-shortctx-256.md"
