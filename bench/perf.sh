@@ -22,3 +22,5 @@ run SmolLM2-135M-Instruct --methods vanilla,lminf,window,lambda-only,streaming,r
 model=build/bench/attnbound-2k.gguf
 [ -f "$model" ] || .venv/bin/python bench/attnbound_model.py "$model" >/dev/null
 run attnbound-2k --model "$model" --methods vanilla,lminf,mesa --lengths 2k,8k,32k --reps 3 -n 32 -t 2 -fa on
+# the decode and prefill scaling of lminf, and mesa against vanilla at 4x, with longer decodes
+run attnbound-2k-focus --model "$model" --methods vanilla,lminf,mesa --lengths 2k,8k,32k --reps 5 -n 256 -t 2 -fa on --stock-max 8192
