@@ -71,8 +71,7 @@ def register_commands(cli: click.Group) -> None:
         _registry_path().write_text(json.dumps(models, indent=2))
 
 
-_METHOD_PARAMS = ("n_ctx_train", "n_global", "n_local", "n_sink", "first_chunk", "stair_width", "last_context",
-                  "gen_budget", "group", "neighbor")
+_METHOD_PARAMS = tuple(farctx.MethodParams.names())
 
 
 class FarctxModel(llm.Model):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess

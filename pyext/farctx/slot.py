@@ -22,7 +22,6 @@ from .models import n_ctx_train, resolve_model_path
 
 T = TypeVar("T")
 
-FIXED_CACHE_METHODS = ("lminf", "window", "lambda-only", "streaming")
 DEFAULT_GENERATION = 256  # cells kept for the answer when a request sets no max_tokens (whole-stream methods)
 _ROUND = 256  # llama.cpp rounds caches up to 256 cells
 
