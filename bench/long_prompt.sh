@@ -2,6 +2,7 @@
 # A prompt past 4x the default model's trained context (8192): the first ~34k tokens of Emma,
 # then 64 greedy tokens with lminf (a 8714-cell cache, constant) and with vanilla (a cache
 # enlarged to hold the whole prompt). Outputs land in bench/long-prompt/.
+# METHODS="vanilla" runs one of the two.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/bench/long-prompt"
@@ -22,7 +23,7 @@ while lo < hi:  # the shortest prefix of whole words past 34,000 tokens
         hi = mid
 open(sys.argv[1], "w").write(" ".join(words[:lo]))
 PY
-for method in lminf vanilla; do
+for method in ${METHODS:-lminf vanilla}; do
     extra=()
     [ "$method" = vanilla ] && extra=(-c 34304 -fa on)
     cmd=(farctx generate -f bench/long-prompt/prompt.txt -n 64 --temp 0 --seed 1 -t 2 --method "$method" --json "${extra[@]}")

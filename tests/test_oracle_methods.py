@@ -117,3 +117,25 @@ def test_rewind_into_evicted_keys_replays_the_stream(tiny_model, oracle):
     ref = oracle.logits(tokens, method_rule("lminf", 120, N_LOCAL, N_GLOBAL))
     assert np.abs(llm.scores[:120] - ref).max() <= 1e-4
     llm.close()
+
+
+@pytest.fixture(scope="module")
+def gqa_model(tmp_path_factory, default_model):
+    """4 query heads on 2 KV heads (head_dim 32): the head grouping of the few-query value product."""
+    from oracle import OracleModel
+    from tiny_gguf import TinyConfig, write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gqa") / "gqa.gguf", default_model,
+                           TinyConfig(n_head=4, n_head_kv=2, seed=3))
+    tokens = random_tokens(N_TOKENS, seed=15)
+    return path, tokens, OracleModel(path).logits(tokens, rule("lminf", N_TOKENS))
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 7, 64])
+@pytest.mark.parametrize("kv", [c for c in KV_CONFIGS if c[2]], ids=kv_id)
+def test_lminf_with_several_kv_heads(gqa_model, kv, n_ubatch):
+    path, tokens, ref = gqa_model
+    type_k, type_v, fa = kv
+    got = engine_logits(path, tokens, N_PREFILL, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                        flash_attn=fa, method="lminf", n_ctx=256)
+    tolerance(type_k, type_v, fa).check(got, ref, f"gqa lminf {kv_id(kv)} ubatch {n_ubatch}")
