@@ -37,6 +37,7 @@ GROUPS = [
     ("vec_mad", "out_prod (V.P, few queries)"),
     ("out_prod", "out_prod (V.P, few queries)"),
     ("rope", "RoPE"),
+    ("sincos", "RoPE"),
     ("concat", "concat"),
     ("dup", "copies (cont, cast)"),
     ("cpy", "copies (cont, cast)"),

@@ -28,8 +28,8 @@ struct farctx_session {
     bool    fill_error;            /* the policy refused a ubatch       */
     int64_t evicted_to;            /* positions [n_global, evicted_to) left the cache */
     struct farctx_mesa mesa;
-    struct llama_attn_extrap_params custom;  /* the method's graph settings              */
-    bool    plain;                 /* the context runs the stock graph (mode NONE) now */
+    struct llama_attn_extrap_params custom;  /* the method's graph settings                          */
+    struct llama_attn_extrap_params active;  /* what the context runs now (custom, NONE, mesa middle) */
     char    error[FARCTX_ERR_LEN];
 };
 
@@ -66,3 +66,6 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
 /* the position where the segment of query i ends (a batch never crosses it) */
 int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i);
 int64_t farctx_mesa_stair_pos(int64_t j, int64_t S, int64_t E);
+/* the graph settings for a batch starting at pos: a middle chunk reads the first chunk as a second
+ * segment and only its own cells as the main one (nothing rotated but the first chunk's keys) */
+void    farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex);

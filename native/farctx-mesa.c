@@ -3,8 +3,11 @@
  * and the per-ubatch mask/deltas/query scale.
  *
  *   first chunk [0, F):            vanilla
- *   middle chunk k [s_k, s_k + C): sees the first chunk and itself; placed right after the first chunk
- *                                  (query and own keys moved by F - s_k)
+ *   middle chunk k [s_k, s_k + C): sees the first chunk and itself; placed right after the first chunk.
+ *                                  The graph reads only its own cells (true positions) as the main
+ *                                  segment and the first chunk as the second one, those F keys moved
+ *                                  forward by s_k - F: the same relative positions as moving the query
+ *                                  and the own keys back by s_k - F, without rotating the cache
  *   last chunk [F + N C, n) and every later token: sees everything, keys at stair positions g(j)
  *                                  (once n_kv > L_tr), query at its true index, scaled by
  *                                  max(1, ln(i+1) / ln(L_tr))
@@ -113,6 +116,58 @@ int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i) {
     return end;
 }
 
+void farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex) {
+    const struct mesa_row r = mesa_row(s, pos);
+    if (r.kind != 1) {
+        return;  /* the session's settings: one segment, query/key deltas, query scale */
+    }
+    ex->n_seg2      = s->params.first_chunk;
+    ex->kv_first    = (int32_t) r.s_k;  /* a prompt fills the cache in order from cell 0 (checked by the fill) */
+    ex->use_q_delta = false;
+    ex->use_k_delta = false;
+    ex->use_q_scale = false;
+}
+
+/* a middle chunk through two segments: its own cells, and the first chunk moved next to it */
+static int32_t fill_middle(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub, struct mesa_row r) {
+    const int64_t F = s->params.first_chunk;
+    const int32_t kv_first = s->active.kv_first;
+    for (int32_t t = 0; t < ub->n_tokens; ++t) {
+        const int64_t i = ub->q_pos[t];
+        float * row = ub->mask + (size_t) t * ub->n_kv;
+        for (int32_t c = 0; c < ub->n_kv; ++c) {
+            const int64_t j = ub->kv_pos[c];
+            const bool ok = j >= r.s_k && j <= i;
+            if (ok && c < kv_first) {
+                s->fill_error = true;
+                farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: position %lld of the chunk at %lld sits in cell %d, "
+                                    "before the chunk's first cell %d (the cache was not filled in order)",
+                                    (long long) j, (long long) r.s_k, c, kv_first);
+                return 1;
+            }
+            row[c] = ok ? 0.0f : -INFINITY;
+        }
+        float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
+        int64_t n_first = 0;
+        for (int32_t c = 0; c < ub->n_seg2; ++c) {
+            const int64_t j = ub->kv_pos[c];
+            row2[c] = (j >= 0 && j < F) ? 0.0f : -INFINITY;
+            n_first += j >= 0 && j < F;
+        }
+        if (n_first != F) {
+            s->fill_error = true;
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the first chunk is not in cells [0, %lld) "
+                                "(the cache was not filled in order)", (long long) F);
+            return 1;
+        }
+        ub->seg2_q_delta[t] = 0;
+    }
+    for (int32_t c = 0; c < ub->n_seg2; ++c) {
+        ub->seg2_k_delta[c] = (int32_t) (r.s_k - F);
+    }
+    return 0;
+}
+
 int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub) {
     const struct farctx_params * p = &s->params;
     const int64_t F = p->first_chunk;
@@ -129,6 +184,17 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
                                 "feed the stream through farctx_session_feed", (long long) ub->q_pos[0], (long long) i);
             return 1;
         }
+    }
+    if (r.kind == 1 && ub->n_seg2 > 0) {
+        return fill_middle(s, ub, r);
+    }
+    if (ub->q_delta == NULL || ub->k_delta == NULL || ub->q_scale == NULL) {
+        s->fill_error = true;
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context lacks the query/key deltas and the query scale");
+        return 1;
+    }
+    for (int32_t t = 0; t < ub->n_tokens; ++t) {
+        const int64_t i = ub->q_pos[t];
         float * row = ub->mask + (size_t) t * ub->n_kv;
         for (int32_t c = 0; c < ub->n_kv; ++c) {
             const int64_t j = ub->kv_pos[c];

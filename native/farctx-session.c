@@ -38,6 +38,7 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     struct llama_attn_extrap_params ex;
     farctx_policy_setup(s, &ex);
     s->custom = ex;
+    s->active = ex;
     const int32_t rc = llama_set_attn_extrap(ctx, &ex);  /* also checks that the model can run it */
     if (rc != LLAMA_ATTN_EXTRAP_OK) {
         farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run here: %s",
@@ -81,6 +82,11 @@ void farctx_session_free(struct farctx_session * session) {
     struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
     llama_set_attn_extrap(session->ctx, &none);
     free(session);
+}
+
+static bool same_graph(const struct llama_attn_extrap_params * a, const struct llama_attn_extrap_params * b) {
+    return a->mode == b->mode && a->n_seg2 == b->n_seg2 && a->kv_first == b->kv_first &&
+           a->use_q_delta == b->use_q_delta && a->use_k_delta == b->use_k_delta && a->use_q_scale == b->use_q_scale;
 }
 
 static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
@@ -172,10 +178,18 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
          * (one segment, flash attention where enabled): as fast as stock llama.cpp */
         const bool plain = s->params.method != FARCTX_METHOD_VANILLA &&
                            s->n_past + n <= farctx_policy_plain_below(s);
-        if (plain != s->plain) {
-            struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
-            llama_set_attn_extrap(s->ctx, plain ? &none : &s->custom);
-            s->plain = plain;
+        struct llama_attn_extrap_params ex = plain ? llama_attn_extrap_default_params() : s->custom;
+        if (mesa && !plain) {
+            farctx_mesa_batch_params(s, s->n_past, &ex);
+        }
+        if (!same_graph(&ex, &s->active)) {
+            const int32_t rc = llama_set_attn_extrap(s->ctx, &ex);
+            if (rc != LLAMA_ATTN_EXTRAP_OK) {
+                llama_batch_free(batch);
+                return farctx_session_fail(s, FARCTX_ERR_DECODE, "llama.cpp refused the attention settings "
+                                           "at token %lld (code %d)", (long long) s->n_past, rc);
+            }
+            s->active = ex;
         }
 
         s->fill_error = false;
