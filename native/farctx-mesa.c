@@ -128,36 +128,34 @@ void farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, stru
     ex->use_q_scale = false;
 }
 
-/* a middle chunk through two segments: its own cells, and the first chunk moved next to it */
+/* a middle chunk through two segments: its own cells (the main segment starts at the chunk's first
+ * cell), and the first chunk moved next to it */
 static int32_t fill_middle(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub, struct mesa_row r) {
     const int64_t F = s->params.first_chunk;
-    const int32_t kv_first = s->active.kv_first;
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int64_t i = ub->q_pos[t];
         float * row = ub->mask + (size_t) t * ub->n_kv;
+        int64_t n_own = 0;
         for (int32_t c = 0; c < ub->n_kv; ++c) {
             const int64_t j = ub->kv_pos[c];
             const bool ok = j >= r.s_k && j <= i;
-            if (ok && c < kv_first) {
-                s->fill_error = true;
-                farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: position %lld of the chunk at %lld sits in cell %d, "
-                                    "before the chunk's first cell %d (the cache was not filled in order)",
-                                    (long long) j, (long long) r.s_k, c, kv_first);
-                return 1;
-            }
             row[c] = ok ? 0.0f : -INFINITY;
+            n_own += ok;
         }
         float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
         int64_t n_first = 0;
         for (int32_t c = 0; c < ub->n_seg2; ++c) {
-            const int64_t j = ub->kv_pos[c];
+            const int64_t j = ub->seg2_pos[c];
             row2[c] = (j >= 0 && j < F) ? 0.0f : -INFINITY;
             n_first += j >= 0 && j < F;
         }
-        if (n_first != F) {
+        /* every key the query needs must be in view: the cache was filled in order from cell 0 */
+        if (n_own != i - r.s_k + 1 || n_first != F) {
             s->fill_error = true;
-            farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the first chunk is not in cells [0, %lld) "
-                                "(the cache was not filled in order)", (long long) F);
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: query %lld sees %lld of its chunk's %lld keys and %lld "
+                                "of the first chunk's %lld (the cache was not filled in order from cell 0)",
+                                (long long) i, (long long) n_own, (long long) (i - r.s_k + 1),
+                                (long long) n_first, (long long) F);
             return 1;
         }
         ub->seg2_q_delta[t] = 0;

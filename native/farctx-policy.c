@@ -134,13 +134,13 @@ int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * u
         if (ub->n_seg2 > 0) {
             float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
             for (int32_t c = 0; c < ub->n_seg2; ++c) {
-                row2[c] = seg2_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
+                row2[c] = seg2_allowed(p, i, ub->seg2_pos[c]) ? 0.0f : -INFINITY;
             }
             ub->seg2_q_delta[t] = seg2_query_pos(p, i) - i;
         }
     }
     for (int32_t c = 0; c < ub->n_seg2; ++c) {
-        const int32_t j = ub->kv_pos[c];
+        const int32_t j = ub->seg2_pos[c];
         ub->seg2_k_delta[c] = j >= 0 ? seg2_key_pos(p, j) - j : 0;
         if (head_tokens(p) > 0 && j >= 0 && j != c) {
             s->fill_error = true;
