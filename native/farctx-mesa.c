@@ -168,7 +168,6 @@ static int32_t fill_middle(struct farctx_session * s, struct llama_attn_extrap_u
 
 int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub) {
     const struct farctx_params * p = &s->params;
-    const int64_t F = p->first_chunk;
     const struct mesa_row r = mesa_row(s, ub->q_pos[0]);
     const double log_train = log((double) p->n_ctx_train);
 
@@ -183,35 +182,30 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
             return 1;
         }
     }
-    if (r.kind == 1 && ub->n_seg2 > 0) {
-        return fill_middle(s, ub, r);
-    }
-    if (ub->q_delta == NULL || ub->k_delta == NULL || ub->q_scale == NULL) {
+    /* the settings of farctx_mesa_batch_params: two segments for a middle chunk, deltas and scale otherwise */
+    if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->k_delta == NULL || ub->q_scale == NULL)) {
         s->fill_error = true;
-        farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context lacks the query/key deltas and the query scale");
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context's attention settings do not match the chunk at "
+                            "%lld (set them with farctx_mesa_batch_params)", (long long) ub->q_pos[0]);
         return 1;
+    }
+    if (r.kind == 1) {
+        return fill_middle(s, ub, r);
     }
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int64_t i = ub->q_pos[t];
         float * row = ub->mask + (size_t) t * ub->n_kv;
         for (int32_t c = 0; c < ub->n_kv; ++c) {
             const int64_t j = ub->kv_pos[c];
-            bool ok = j >= 0 && j <= i;
-            if (r.kind == 1) {
-                ok = ok && (j < F || j >= r.s_k);
-            }
-            row[c] = ok ? 0.0f : -INFINITY;
+            row[c] = (j >= 0 && j <= i) ? 0.0f : -INFINITY;
         }
-        ub->q_delta[t] = r.kind == 1 ? (int32_t) (F - r.s_k) : 0;
         const double lam = log((double) i + 1.0) / log_train;
         ub->q_scale[t] = (r.kind == 2 && lam > 1.0) ? (float) lam : 1.0f;
     }
     for (int32_t c = 0; c < ub->n_kv; ++c) {
         const int64_t j = ub->kv_pos[c];
         int64_t delta = 0;
-        if (j >= 0 && r.kind == 1 && j >= r.s_k) {
-            delta = F - r.s_k;
-        } else if (j >= 0 && r.kind == 2) {
+        if (j >= 0 && r.kind == 2) {
             delta = farctx_mesa_stair_pos(j, r.S, p->stair_width) - j;
         }
         ub->k_delta[c] = (int32_t) delta;

@@ -53,9 +53,10 @@ int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_e
         default:                       out->n_seg2 = 0;          break;
     }
     if (p->method == FARCTX_METHOD_MESA) {
-        out->use_q_delta = true;  /* middle chunks: the query moves next to the first chunk */
-        out->use_k_delta = true;  /* own-chunk keys likewise; stair positions later         */
-        out->use_q_scale = true;  /* log-n query scale                                      */
+        /* the last chunk and decoding: keys at stair positions, log-n query scale (middle chunks:
+         * farctx_mesa_batch_params) */
+        out->use_k_delta = true;
+        out->use_q_scale = true;
     }
     return FARCTX_OK;
 }
