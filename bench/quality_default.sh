@@ -3,7 +3,7 @@
 # 32k tokens, every method (issue 5, item 6). Outputs in bench/quality/: <kind>-SmolLM2-135M-Instruct.*
 # Cost: each 32k pass of a whole-cache method (vanilla, selfextend, rerope) is ~40 min of prefill on
 # 2 CPU cores (rerope ~2x), each fixed-cache method ~20 min, mesa a new prompt per length; passkey
-# runs one prompt per sample and length. About 6 hours on 2 cores in all; minutes on a GPU
+# runs one prompt per sample and length. About 10 hours on 2 cores in all; minutes on a GPU
 # (pass -ngl 99 through FARCTX_EXTRA, e.g. FARCTX_EXTRA="-ngl 99 -fa on").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
