@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # ggml CPU functions by what they do (substring of the symbol -> group)
 GROUPS = [
@@ -93,14 +92,10 @@ def main() -> None:
     if shutil.which("perf") is None:
         sys.exit("profile: `perf` is not installed (Debian: linux-perf)")
 
-    import farctx
-    from farctx.bench_worker import corpus
-    from farctx.methods import WHOLE_STREAM_METHODS
+    from farctx.bench_worker import corpus, open_farctx
 
     kwargs = {"n_threads": args.threads, "flash_attn": args.flash_attn == "on", "verbose": False}
-    if args.method == "vanilla" or args.method in WHOLE_STREAM_METHODS:
-        kwargs["n_ctx"] = args.length + args.n_gen
-    llm = farctx.Llama(args.model, method=args.method, **kwargs)
+    llm = open_farctx(args.model, args.method, args.length, args.n_gen, kwargs)
     llm.progress = lambda done, total: None
     tokens = corpus(lambda b: llm.tokenize(b, add_bos=False), args.length + args.n_gen)
 
@@ -128,7 +123,8 @@ def main() -> None:
     n = args.length if args.phase == "prefill" else args.n_gen
     groups: dict[str, float] = {}
     for value, symbol in rows:
-        groups[group_of(symbol)] = groups.get(group_of(symbol), 0.0) + value
+        name = group_of(symbol)
+        groups[name] = groups.get(name, 0.0) + value
     print(f"{args.method} {args.phase} at {args.length} tokens, -fa {args.flash_attn}, -t {args.threads}: "
           f"{n / seconds:.1f} tok/s ({seconds:.2f} s); share of CPU samples:")
     for name, value in sorted(groups.items(), key=lambda kv: -kv[1]):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
-from oracle import method_rule
+from oracle import OracleModel, method_rule
+from tiny_gguf import TinyConfig, write_tiny_gguf
 
 import farctx
 
@@ -122,9 +123,6 @@ def test_rewind_into_evicted_keys_replays_the_stream(tiny_model, oracle):
 @pytest.fixture(scope="module")
 def gqa_model(tmp_path_factory, default_model):
     """4 query heads on 2 KV heads (head_dim 32): the head grouping of the few-query value product."""
-    from oracle import OracleModel
-    from tiny_gguf import TinyConfig, write_tiny_gguf
-
     path = write_tiny_gguf(tmp_path_factory.mktemp("gqa") / "gqa.gguf", default_model,
                            TinyConfig(n_head=4, n_head_kv=2, seed=3))
     tokens = random_tokens(N_TOKENS, seed=15)

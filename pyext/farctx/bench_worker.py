@@ -28,6 +28,18 @@ def corpus(tokenize, n: int) -> list[int]:
     return tokens[:n]
 
 
+def open_farctx(model: str, method: str, length: int, n_gen: int, kwargs: dict):
+    """farctx.Llama for one measurement: whole-stream methods get a cache for the whole stream,
+    fixed-cache methods size their own."""
+    import farctx
+
+    from farctx.methods import WHOLE_STREAM_METHODS
+
+    if method == "vanilla" or method in WHOLE_STREAM_METHODS:
+        kwargs = {**kwargs, "n_ctx": length + n_gen}
+    return farctx.Llama(model, method=method, **kwargs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -46,13 +58,7 @@ def main() -> None:
         kwargs["n_ctx"] = args.length + args.n_gen
         llm = llama_cpp.Llama(model_path=args.model, **kwargs)
     else:
-        import farctx
-
-        from farctx.methods import WHOLE_STREAM_METHODS
-
-        if args.method == "vanilla" or args.method in WHOLE_STREAM_METHODS:
-            kwargs["n_ctx"] = args.length + args.n_gen  # the whole stream; fixed-cache methods size their own
-        llm = farctx.Llama(args.model, method=args.method, **kwargs)
+        llm = open_farctx(args.model, args.method, args.length, args.n_gen, kwargs)
 
     tokens = corpus(lambda b: llm.tokenize(b, add_bos=False), args.length + args.n_gen)
     start = time.perf_counter()
