@@ -10,7 +10,11 @@
  *                                  and the own keys back by s_k - F, without rotating the cache
  *   last chunk [F + N C, n) and every later token: sees everything, keys at stair positions g(j)
  *                                  (once n_kv > L_tr), query at its true index, scaled by
- *                                  max(1, ln(i+1) / ln(L_tr))
+ *                                  max(1, ln(i+1) / ln(L_tr)). The last chunk's ubatches rotate a copy
+ *                                  of the keys (their own keys need stair positions too). Generated
+ *                                  tokens read the cache as is: before them the cached keys are rotated
+ *                                  in place to the stair (llama_memory_seq_rotate_k), again only when
+ *                                  the boundary moves (every C tokens); the cell positions stay true
  */
 #include "farctx-impl.h"
 
@@ -116,10 +120,43 @@ int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i) {
     return end;
 }
 
+/* generated tokens in the stair regime: the cache holds the stair, the graph reads it as is */
+static bool stair_in_place(const struct farctx_session * s, struct mesa_row r, int64_t pos) {
+    return r.kind == 2 && pos >= s->mesa.n;
+}
+
+int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
+    struct farctx_mesa * m = &s->mesa;
+    const struct mesa_row r = mesa_row(s, pos);
+    const bool stair = stair_in_place(s, r, pos);
+    bool any = false;
+    for (int64_t j = 0; j < pos; ++j) {
+        const int64_t want = stair ? farctx_mesa_stair_pos(j, r.S, s->params.stair_width) - j : 0;
+        m->k_step[j] = (int32_t) (want - m->k_rot[j]);
+        any |= m->k_step[j] != 0;
+    }
+    if (!any) {
+        return FARCTX_OK;
+    }
+    /* applied by the K-shift at the start of the next llama_decode */
+    if (!llama_memory_seq_rotate_k(llama_get_memory(s->ctx), 0, 0, (llama_pos) pos, m->k_step)) {
+        return farctx_session_fail(s, FARCTX_ERR_DECODE, "mesa: llama.cpp cannot rotate the cached keys in place");
+    }
+    for (int64_t j = 0; j < pos; ++j) {
+        m->k_rot[j] += m->k_step[j];
+    }
+    m->n_cache_rotations++;
+    return FARCTX_OK;
+}
+
 void farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex) {
     const struct mesa_row r = mesa_row(s, pos);
+    if (stair_in_place(s, r, pos)) {
+        ex->use_k_delta = false;  /* farctx_mesa_rotate_cache put the keys at their stair positions */
+        return;
+    }
     if (r.kind != 1) {
-        return;  /* the session's settings: one segment, query/key deltas, query scale */
+        return;  /* the session's settings: one segment, key deltas, query scale */
     }
     ex->n_seg2      = s->params.first_chunk;
     ex->kv_first    = (int32_t) r.s_k;  /* a prompt fills the cache in order from cell 0 (checked by the fill) */
@@ -182,8 +219,10 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
             return 1;
         }
     }
-    /* the settings of farctx_mesa_batch_params: two segments for a middle chunk, deltas and scale otherwise */
-    if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->k_delta == NULL || ub->q_scale == NULL)) {
+    /* the settings of farctx_mesa_batch_params: two segments for a middle chunk, the scale and key deltas
+     * otherwise (no key deltas where the cache holds the stair) */
+    const bool in_place = stair_in_place(s, r, ub->q_pos[0]);
+    if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->q_scale == NULL || in_place != (ub->k_delta == NULL))) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context's attention settings do not match the chunk at "
                             "%lld (set them with farctx_mesa_batch_params)", (long long) ub->q_pos[0]);
@@ -202,7 +241,7 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
         const double lam = log((double) i + 1.0) / log_train;
         ub->q_scale[t] = (r.kind == 2 && lam > 1.0) ? (float) lam : 1.0f;
     }
-    for (int32_t c = 0; c < ub->n_kv; ++c) {
+    for (int32_t c = 0; ub->k_delta != NULL && c < ub->n_kv; ++c) {
         const int64_t j = ub->kv_pos[c];
         int64_t delta = 0;
         if (j >= 0 && r.kind == 2) {

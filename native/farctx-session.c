@@ -52,6 +52,18 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
         return NULL;
     }
 
+    if (s->params.method == FARCTX_METHOD_MESA) {
+        /* per position of the cache: the in-place key rotation (farctx_mesa_rotate_cache) */
+        const size_t n_ctx = llama_n_ctx(ctx);
+        s->mesa.k_rot  = calloc(n_ctx, sizeof(int32_t));
+        s->mesa.k_step = calloc(n_ctx, sizeof(int32_t));
+        if (s->mesa.k_rot == NULL || s->mesa.k_step == NULL) {
+            farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
+            farctx_session_free(s);
+            return NULL;
+        }
+    }
+
     if (farctx_policy_fixed_cache(&s->params)) {
         const int32_t head = farctx_policy_head(&s->params);
         const int64_t need = farctx_params_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx));
@@ -62,9 +74,7 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
                 farctx_method_name(s->params.method),
                 s->params.method == FARCTX_METHOD_STREAMING ? "n_sink" : "n_global",
                 head, s->params.n_local, llama_n_ubatch(ctx), (long long) need);
-            struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
-            llama_set_attn_extrap(ctx, &none);
-            free(s);
+            farctx_session_free(s);
             return NULL;
         }
     }
@@ -81,6 +91,8 @@ void farctx_session_free(struct farctx_session * session) {
     /* the context may outlive the session: leave it with the stock graph */
     struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
     llama_set_attn_extrap(session->ctx, &none);
+    free(session->mesa.k_rot);
+    free(session->mesa.k_step);
     free(session);
 }
 
@@ -192,6 +204,14 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             s->active = ex;
         }
 
+        if (mesa) {
+            const int32_t rc = farctx_mesa_rotate_cache(s, s->n_past);
+            if (rc != FARCTX_OK) {
+                llama_batch_free(batch);
+                return rc;
+            }
+        }
+
         s->fill_error = false;
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
@@ -257,6 +277,10 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
             (long long) n_keep, (long long) s->mesa.n);
     }
     llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
+    if (s->mesa.k_rot != NULL) {
+        /* positions from n_keep on will be written afresh, at their true positions */
+        memset(s->mesa.k_rot + n_keep, 0, sizeof(int32_t) * (size_t) (s->n_past - n_keep));
+    }
     s->n_past = n_keep;
     if (n_keep == 0) {
         s->mesa.planned = false;  /* the next feed is a new prompt */
@@ -280,6 +304,7 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
     stats->n_decode     = s->n_decode;
     stats->kv_bytes     = llama_memory_n_bytes(mem);
     stats->n_stair_moves = s->mesa.n_stair_moves;
+    stats->n_cache_rotations = s->mesa.n_cache_rotations;
 }
 
 struct farctx_params farctx_session_params(const struct farctx_session * s) {

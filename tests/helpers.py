@@ -41,6 +41,10 @@ class Tolerance:
         if self.mean_rel is not None:
             assert diff.mean() <= self.mean_rel * scale, detail
 
+    def widened(self, factor: float) -> Tolerance:
+        """The same bounds times factor."""
+        return Tolerance(*(None if b is None else b * factor for b in (self.max_abs, self.max_rel, self.mean_rel)))
+
 
 def tolerance(type_k: int, type_v: int, flash_attn: bool) -> Tolerance:
     if Q8_0 in (type_k, type_v):
@@ -79,8 +83,10 @@ def random_tokens(n: int, seed: int = 1, n_vocab: int = 49152) -> list[int]:
 
 
 def engine_logits(model: Path, tokens: list[int], n_prefill: int, *, n_ubatch: int, type_k: int = F32,
-                  type_v: int = F32, flash_attn: bool = False, n_ctx: int = 0, **kwargs: object) -> np.ndarray:
-    """Logits for every token: the first n_prefill in one eval (split in ubatches), then one token at a time."""
+                  type_v: int = F32, flash_attn: bool = False, n_ctx: int = 0, stats: dict[str, int] | None = None,
+                  **kwargs: object) -> np.ndarray:
+    """Logits for every token: the first n_prefill in one eval (split in ubatches), then one token at a time.
+    `stats`, if given, receives the session's counters at the end."""
     import farctx
 
     llm = farctx.Llama(str(model), n_ctx=n_ctx or len(tokens), n_batch=max(n_prefill, 1), n_ubatch=n_ubatch,
@@ -89,6 +95,8 @@ def engine_logits(model: Path, tokens: list[int], n_prefill: int, *, n_ubatch: i
         llm.eval(tokens[:n_prefill])
         for token in tokens[n_prefill:]:
             llm.eval([token])
+        if stats is not None:
+            stats.update(llm.stats())
         return np.array(llm.scores[: len(tokens)], dtype=np.float64)
     finally:
         llm.close()

@@ -4,9 +4,11 @@ generated tokens across at least one stair wrap."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from helpers import KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from helpers import KV_CONFIGS, Q8_0, Tolerance, engine_logits, kv_id, random_tokens, tolerance
 from oracle import mesa_rule, mesa_schedule, selfextend_rule, stair_pos
 
 import farctx
@@ -63,9 +65,21 @@ def test_mesa_matches_oracle(tiny_model, mesa_refs, kv, n_ubatch):
     prompts = PROMPTS if n_ubatch == 7 else [100]
     for n_prompt in prompts:
         tokens, ref = mesa_refs[n_prompt]
+        stats: dict[str, int] = {}
         got = engine_logits(tiny_model, tokens, n_prompt, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
-                            flash_attn=fa, method="mesa", n_ctx=256, **MESA)
-        tolerance(type_k, type_v, fa).check(got, ref, f"mesa n={n_prompt} {kv_id(kv)} ubatch {n_ubatch}")
+                            flash_attn=fa, method="mesa", n_ctx=256, stats=stats, **MESA)
+        what = f"mesa n={n_prompt} {kv_id(kv)} ubatch {n_ubatch}"
+        tol = tolerance(type_k, type_v, fa)
+        tol.check(got[:n_prompt], ref[:n_prompt], f"{what} prompt")
+        tol_gen = decode_tolerance(tol, type_k, stats["n_cache_rotations"])
+        tol_gen.check(got[n_prompt:], ref[n_prompt:], f"{what} generated ({stats['n_cache_rotations']} rotations)")
+
+
+def decode_tolerance(tol: Tolerance, type_k: int, n_rotations: int) -> Tolerance:
+    """Generated tokens read the cache rotated in place (once to the stair, again per boundary move); a
+    quantized K cache is rounded again at each rotation: n + 1 independent roundings of K, so the bound
+    grows as their root sum of squares."""
+    return tol.widened(math.sqrt(1 + n_rotations)) if type_k == Q8_0 else tol
 
 
 def test_mesa_short_prompt_is_vanilla(tiny_model):
@@ -81,8 +95,42 @@ def test_mesa_reports_stair_moves(tiny_model):
     llm.eval(tokens[:100])
     for t in tokens[100:]:
         llm.eval([t])
-    assert llm.stats()["n_stair_moves"] >= 1
+    stats = llm.stats()
+    assert stats["n_stair_moves"] >= 1
+    # generated tokens read the cache rotated in place: once to the stair, once more per boundary move
+    assert stats["n_cache_rotations"] >= 2
     llm.close()
+
+
+@pytest.mark.parametrize("kv", KV_CONFIGS, ids=kv_id)
+def test_mesa_rewind_rotates_the_cache_back(tiny_model, oracle, kv):
+    """An unchunked prompt, generation past L_tr (the cache rotated in place to the stair, and again at
+    each boundary move), a rewind to inside the trained context (the cache goes back to true positions
+    for the stock graph), then the same tokens again: every row equals the oracle."""
+    type_k, type_v, fa = kv
+    n_prompt, n_keep = 24, 27
+    tokens = random_tokens(n_prompt + N_DECODE, seed=11)
+    ref = oracle.logits(tokens, mesa_rule(len(tokens), n_prompt, L_TR, **MESA))
+    llm = farctx.Llama(str(tiny_model), method="mesa", n_ctx=256, n_ubatch=7, logits_all=True,
+                       type_k=type_k, type_v=type_v, flash_attn=fa, **MESA)
+    try:
+        llm.eval(tokens[:n_prompt])
+        for t in tokens[n_prompt:]:
+            llm.eval([t])
+        first = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+        rotations = llm.stats()["n_cache_rotations"]
+        assert rotations >= 2
+        llm.n_tokens = n_keep
+        for t in tokens[n_keep:]:
+            llm.eval([t])
+        again = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+        total = llm.stats()["n_cache_rotations"]
+        assert total >= rotations + 2  # back to true positions, then the stair
+    finally:
+        llm.close()
+    tol = tolerance(type_k, type_v, fa)
+    decode_tolerance(tol, type_k, rotations).check(first, ref, f"mesa first pass {kv_id(kv)}")
+    decode_tolerance(tol, type_k, total).check(again, ref, f"mesa after the rewind {kv_id(kv)}")
 
 
 SELFEXTEND = dict(group=4, neighbor=8)

@@ -230,6 +230,7 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             "n_decode": int(s.n_decode),
             "kv_bytes": int(s.kv_bytes),
             "n_stair_moves": int(s.n_stair_moves),
+            "n_cache_rotations": int(s.n_cache_rotations),
         }
 
     def close(self) -> None:
