@@ -55,6 +55,9 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
  * and the cache it needs */
 int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_extrap_params * out);
 int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub);
+/* the graph settings for a batch of n_tokens (past the plain range): a single query of a method with head
+ * tokens (lminf, streaming) reads them as a second segment under its own query (kv_first) */
+void    farctx_policy_batch_params(const struct farctx_session * s, int32_t n_tokens, struct llama_attn_extrap_params * ex);
 /* first position (beyond the global tokens) that the query at next_pos can still read */
 int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next_pos);
 /* farctx_method_fixed_cache for the params' method */

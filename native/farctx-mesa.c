@@ -10,11 +10,12 @@
  *                                  and the own keys back by s_k - F, without rotating the cache
  *   last chunk [F + N C, n) and every later token: sees everything, keys at stair positions g(j)
  *                                  (once n_kv > L_tr), query at its true index, scaled by
- *                                  max(1, ln(i+1) / ln(L_tr)). The last chunk's ubatches rotate a copy
- *                                  of the keys (their own keys need stair positions too). Generated
- *                                  tokens read the cache as is: before them the cached keys are rotated
- *                                  in place to the stair (llama_memory_seq_rotate_k), again only when
- *                                  the boundary moves (every C tokens); the cell positions stay true
+ *                                  max(1, ln(i+1) / ln(L_tr)). From S - 1 on (the last chunk's tail, or
+ *                                  all of it, and every generated token) the graph reads the cache as
+ *                                  is: before, the cached keys are rotated in place to the stair
+ *                                  (llama_memory_seq_rotate_k), again only when the boundary moves
+ *                                  (every C tokens); the cell positions stay true. Last-chunk queries
+ *                                  below S - 1 rotate a copy (their own keys need stair positions)
  */
 #include "farctx-impl.h"
 
@@ -117,18 +118,26 @@ int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i) {
     if (m->chunked && i < m->n && m->n < end) {
         end = m->n;
     }
+    /* a last chunk that starts below its stair boundary: the queries below S - 1 rotate a copy of the
+     * keys (their own keys need stair positions), the ones from S - 1 on read the cache rotated in place */
+    const struct mesa_row r = mesa_row(s, i);
+    if (r.kind == 2 && i < r.S - 1 && r.S - 1 < end) {
+        end = r.S - 1;
+    }
     return end;
 }
 
-/* generated tokens in the stair regime: the cache holds the stair, the graph reads it as is */
-static bool stair_in_place(const struct farctx_session * s, struct mesa_row r, int64_t pos) {
-    return r.kind == 2 && pos >= s->mesa.n;
+/* a batch in the stair regime whose own keys (positions >= pos) all sit at their true positions (g(j) = j
+ * from S - 1 on): the cache holds the stair, the graph reads it as is. Every generated token (S <= i + 1),
+ * and the last chunk from S - 1 on */
+static bool stair_in_place(struct mesa_row r, int64_t pos) {
+    return r.kind == 2 && pos >= r.S - 1;
 }
 
 int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
     struct farctx_mesa * m = &s->mesa;
     const struct mesa_row r = mesa_row(s, pos);
-    const bool stair = stair_in_place(s, r, pos);
+    const bool stair = stair_in_place(r, pos);
     bool any = false;
     for (int64_t j = 0; j < pos; ++j) {
         const int64_t want = stair ? farctx_mesa_stair_pos(j, r.S, s->params.stair_width) - j : 0;
@@ -151,7 +160,7 @@ int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
 
 void farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex) {
     const struct mesa_row r = mesa_row(s, pos);
-    if (stair_in_place(s, r, pos)) {
+    if (stair_in_place(r, pos)) {
         ex->use_k_delta = false;  /* farctx_mesa_rotate_cache put the keys at their stair positions */
         return;
     }
@@ -221,7 +230,7 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
     }
     /* the settings of farctx_mesa_batch_params: two segments for a middle chunk, the scale and key deltas
      * otherwise (no key deltas where the cache holds the stair) */
-    const bool in_place = stair_in_place(s, r, ub->q_pos[0]);
+    const bool in_place = stair_in_place(r, ub->q_pos[0]);
     if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->q_scale == NULL || in_place != (ub->k_delta == NULL))) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context's attention settings do not match the chunk at "

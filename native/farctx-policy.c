@@ -119,11 +119,58 @@ int64_t farctx_policy_plain_below(const struct farctx_session * s) {
     }
 }
 
+void farctx_policy_batch_params(const struct farctx_session * s, int32_t n_tokens, struct llama_attn_extrap_params * ex) {
+    const int32_t head = head_tokens(&s->params);
+    if (n_tokens == 1 && head > 0 && ex->n_seg2 == head) {
+        /* one query: the head segment's bounded distance can rotate its keys instead of the query, so both
+         * segments share the query, and the main one starts after the head cells (one flash-attention call
+         * over both ranges where the cache allows it) */
+        ex->kv_first = head;
+    }
+}
+
+/* one query, the head cells as segment 2 beside the main segment's other cells, both under the main
+ * query: a head key inside the window at its true distance, beyond it moved to where the query's bounded
+ * distance puts it (relpos = seg2_query_pos(i) - seg2_key_pos(j)) */
+static int32_t fill_single_query(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub) {
+    const struct farctx_params * p = &s->params;
+    if (ub->n_tokens != 1) {
+        s->fill_error = true;
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: %d queries in a single-query ubatch",
+                            farctx_method_name(p->method), ub->n_tokens);
+        return 1;
+    }
+    const int32_t i = ub->q_pos[0];
+    for (int32_t c = 0; c < ub->n_kv; ++c) {
+        ub->mask[c] = main_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
+    }
+    for (int32_t c = 0; c < ub->n_seg2; ++c) {
+        const int32_t j = ub->seg2_pos[c];
+        const bool near = main_allowed(p, i, j), far = seg2_allowed(p, i, j);
+        ub->seg2_mask[c] = near || far ? 0.0f : -INFINITY;
+        ub->seg2_k_delta[c] = far ? (seg2_key_pos(p, j) - j) - (seg2_query_pos(p, i) - i) : 0;
+    }
+    ub->seg2_q_delta[0] = 0;
+    return 0;
+}
+
 int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
     if (p->method == FARCTX_METHOD_MESA) {
         return farctx_mesa_fill(s, ub);
+    }
+    for (int32_t c = 0; c < ub->n_seg2 && head_tokens(p) > 0; ++c) {
+        const int32_t j = ub->seg2_pos[c];
+        if (j >= 0 && j != c) {
+            s->fill_error = true;
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "the global/sink tokens are not in the first cells of the "
+                                "cache (cell %d holds position %d): start the stream in an empty cache", c, j);
+            return 1;
+        }
+    }
+    if (s->active.kv_first > 0) {
+        return fill_single_query(s, ub);
     }
 
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
@@ -143,12 +190,6 @@ int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * u
     for (int32_t c = 0; c < ub->n_seg2; ++c) {
         const int32_t j = ub->seg2_pos[c];
         ub->seg2_k_delta[c] = j >= 0 ? seg2_key_pos(p, j) - j : 0;
-        if (head_tokens(p) > 0 && j >= 0 && j != c) {
-            s->fill_error = true;
-            farctx_session_fail(s, FARCTX_ERR_PARAM, "the global/sink tokens are not in the first cells of the "
-                                "cache (cell %d holds position %d): start the stream in an empty cache", c, j);
-            return 1;
-        }
     }
     return 0;
 }

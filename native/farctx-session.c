@@ -193,6 +193,8 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         struct llama_attn_extrap_params ex = plain ? llama_attn_extrap_default_params() : s->custom;
         if (mesa && !plain) {
             farctx_mesa_batch_params(s, s->n_past, &ex);
+        } else if (!plain) {
+            farctx_policy_batch_params(s, n, &ex);
         }
         if (!same_graph(&ex, &s->active)) {
             const int32_t rc = llama_set_attn_extrap(s->ctx, &ex);
