@@ -17,8 +17,9 @@ struct farctx_mesa {
     int64_t N;              /* middle chunks                                   */
     int64_t last_S;         /* stair boundary of the last ubatch (-1: none)    */
     int32_t n_stair_moves;  /* times the boundary moved forward                */
-    /* generated tokens read the cache as is, its keys rotated in place to their stair positions:
-     * k_rot[p] = RoPE positions the key at position p was rotated by (0 for p >= n_past) */
+    /* from S - 1 on (the last chunk's tail, generated tokens) the graph reads the cache as is, its keys
+     * rotated in place to their stair positions: k_rot[p] = RoPE positions the key at position p was
+     * rotated by (0 for p >= n_past) */
     int32_t * k_rot;
     int32_t * k_step;       /* scratch: the rotation still to apply per position */
     int32_t n_cache_rotations; /* times the cache was rotated in place         */
@@ -78,5 +79,5 @@ int64_t farctx_mesa_stair_pos(int64_t j, int64_t S, int64_t E);
  * segment and only its own cells as the main one (nothing rotated but the first chunk's keys) */
 void    farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex);
 /* before the batch at pos (= n_past): rotate the cached keys in place to what that batch's graph reads as
- * is: stair positions for generated tokens in the stair regime, true positions for everything else */
+ * is: stair positions for a stair-regime batch from S - 1 on, true positions for everything else */
 int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos);

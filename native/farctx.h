@@ -140,7 +140,8 @@ struct farctx_stats {
     int64_t kv_bytes;          /* size of the KV cache buffers                           */
     int32_t n_stair_moves;     /* mesa: times the stair boundary moved during generation */
     int32_t n_cache_rotations; /* mesa: times the cached keys were rotated in place (to
-                                  the stair before generated tokens, back after a rewind) */
+                                  the stair in the last chunk or the first generated token,
+                                  at each stair move, back after a rewind) */
 };
 
 FARCTX_API void farctx_session_stats(const struct farctx_session * session, struct farctx_stats * stats);
