@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The performance runs of bench/README.md (issue 6): stock llama.cpp interleaved with farctx in the same
-# run, medians of --reps, outputs in bench/perf/ (<model>.json, .md, .png). About 40 minutes on 2 cores.
+# run, medians of --reps, outputs in bench/perf/ (<model>.json, .md, .png). About 30-45 minutes on 2 cores.
 #   1. the default model (SmolLM2-135M-Instruct, n_ctx_train 8192), every method at lengths inside the
 #      trained context: the "within 3% of stock" target;
 #   2. an attention-bound random model (bench/attnbound_model.py: n_ctx_train 2048, small matrices), where a
@@ -24,3 +24,10 @@ model=build/bench/attnbound-2k.gguf
 run attnbound-2k --model "$model" --methods vanilla,lminf,mesa --lengths 2k,8k,32k --reps 3 -n 32 -t 2 -fa on
 # the decode and prefill scaling of lminf, and mesa against vanilla at 4x, with longer decodes
 run attnbound-2k-focus --model "$model" --methods vanilla,lminf,mesa --lengths 2k,8k,32k --reps 5 -n 256 -t 2 -fa on --stock-max 8192
+# mesa against vanilla and stock at 4x alone, 15 repetitions (the 2x target sits inside the scatter of
+# 5), with the paired per-repetition ratios
+name=attnbound-2k-mesa-8k
+echo "\$ farctx bench --model $model --methods vanilla,mesa --lengths 8k --reps 15 -n 4 -t 2 -fa on" > "$out/$name.md"
+"$farctx" bench --model "$model" --methods vanilla,mesa --lengths 8k --reps 15 -n 4 -t 2 -fa on \
+    --json "$out/$name.json" >> "$out/$name.md" 2> build/bench/$name.log
+.venv/bin/python bench/paired_ratios.py build/bench/$name.log mesa >> "$out/$name.md"
