@@ -79,9 +79,9 @@ def test_mesa_matches_oracle(tiny_model, mesa_refs, kv, n_ubatch):
 
 
 def decode_tolerance(tol: Tolerance, type_k: int, n_rotations: int) -> Tolerance:
-    """Generated tokens read the cache rotated in place (once to the stair, again per boundary move); a
-    quantized K cache is rounded again at each rotation: n + 1 independent roundings of K, so the bound
-    grows as their root sum of squares."""
+    """From the last chunk on, mesa reads the cache rotated in place (once to the stair, again per
+    boundary move); a quantized K cache is rounded again at each rotation: n + 1 independent roundings
+    of K, so the bound grows as their root sum of squares."""
     return tol.widened(math.sqrt(1 + n_rotations)) if type_k == Q8_0 else tol
 
 
