@@ -2,7 +2,7 @@
 # Passkey retrieval past the trained context (the LM-Infinite / Mesa protocol): a key in [1, 10^7)
 # at 50% depth inside ~16,500 tokens of filler (2x the default model's 8192), then
 # "What is the pass key? The pass key is"; 8 greedy tokens with mesa and with vanilla (cache
-# enlarged to fit). Outputs land in bench/passkey/.
+# enlarged to fit). Outputs land in bench/passkey/. METHODS="mesa" runs one of them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/bench/passkey"
@@ -31,7 +31,7 @@ text = build(n_fill)
 open(sys.argv[1], "w").write(text)
 print(key, len(llm.tokenize(text.encode())))
 PY
-for method in mesa vanilla; do
+for method in ${METHODS:-mesa vanilla}; do
     extra=()
     [ "$method" = vanilla ] && extra=(-c 17152)
     cmd=(farctx generate -f bench/passkey/prompt.txt -n 8 --temp 0 --seed 1 -t 2 --method "$method" --json "${extra[@]}")
