@@ -18,10 +18,12 @@ struct farctx_mesa {
     int64_t last_S;         /* stair boundary of the last ubatch (-1: none)    */
     int32_t n_stair_moves;  /* times the boundary moved forward                */
     /* from S - 1 on (the last chunk's tail, generated tokens) the graph reads the cache as is, its keys
-     * rotated in place to their stair positions: k_rot[p] = RoPE positions the key at position p was
-     * rotated by (0 for p >= n_past) */
-    int32_t * k_rot;
-    int32_t * k_step;       /* scratch: the rotation still to apply per position */
+     * rotated in place to their stair positions. rot_S: the stair boundary the cached keys sit at (key j
+     * at farctx_mesa_stair_pos(j, rot_S); 0: true positions). It holds for every cell: cells written
+     * later sit at or above the batch's S - 1, where the stair is the identity, and a rewind only
+     * removes cells */
+    int64_t rot_S;
+    int32_t * k_step;       /* scratch: the rotation to apply per position */
     int32_t n_cache_rotations; /* times the cache was rotated in place         */
 };
 

@@ -137,24 +137,22 @@ static bool stair_in_place(struct mesa_row r, int64_t pos) {
 int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
     struct farctx_mesa * m = &s->mesa;
     const struct mesa_row r = mesa_row(s, pos);
-    const bool stair = stair_in_place(r, pos);
+    const int64_t S = stair_in_place(r, pos) ? r.S : 0;  /* the stair this batch reads; 0: true positions */
+    if (S == m->rot_S) {
+        return FARCTX_OK;  /* the usual case: nothing to do until the stair moves (every C tokens) */
+    }
+    const int64_t E = s->params.stair_width;
     bool any = false;
     for (int64_t j = 0; j < pos; ++j) {
-        const int64_t want = stair ? farctx_mesa_stair_pos(j, r.S, s->params.stair_width) - j : 0;
-        m->k_step[j] = (int32_t) (want - m->k_rot[j]);
+        m->k_step[j] = (int32_t) (farctx_mesa_stair_pos(j, S, E) - farctx_mesa_stair_pos(j, m->rot_S, E));
         any |= m->k_step[j] != 0;
     }
-    if (!any) {
-        return FARCTX_OK;
-    }
     /* applied by the K-shift at the start of the next llama_decode */
-    if (!llama_memory_seq_rotate_k(llama_get_memory(s->ctx), 0, 0, (llama_pos) pos, m->k_step)) {
+    if (any && !llama_memory_seq_rotate_k(llama_get_memory(s->ctx), 0, 0, (llama_pos) pos, m->k_step)) {
         return farctx_session_fail(s, FARCTX_ERR_DECODE, "mesa: llama.cpp cannot rotate the cached keys in place");
     }
-    for (int64_t j = 0; j < pos; ++j) {
-        m->k_rot[j] += m->k_step[j];
-    }
-    m->n_cache_rotations++;
+    m->rot_S = S;
+    m->n_cache_rotations += any;
     return FARCTX_OK;
 }
 

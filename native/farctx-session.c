@@ -53,11 +53,9 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     }
 
     if (s->params.method == FARCTX_METHOD_MESA) {
-        /* per position of the cache: the in-place key rotation (farctx_mesa_rotate_cache) */
-        const size_t n_ctx = llama_n_ctx(ctx);
-        s->mesa.k_rot  = calloc(n_ctx, sizeof(int32_t));
-        s->mesa.k_step = calloc(n_ctx, sizeof(int32_t));
-        if (s->mesa.k_rot == NULL || s->mesa.k_step == NULL) {
+        /* per position of the cache: the in-place key rotation to apply (farctx_mesa_rotate_cache) */
+        s->mesa.k_step = calloc(llama_n_ctx(ctx), sizeof(int32_t));
+        if (s->mesa.k_step == NULL) {
             farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
             farctx_session_free(s);
             return NULL;
@@ -91,7 +89,6 @@ void farctx_session_free(struct farctx_session * session) {
     /* the context may outlive the session: leave it with the stock graph */
     struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
     llama_set_attn_extrap(session->ctx, &none);
-    free(session->mesa.k_rot);
     free(session->mesa.k_step);
     free(session);
 }
@@ -279,10 +276,6 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
             (long long) n_keep, (long long) s->mesa.n);
     }
     llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
-    if (s->mesa.k_rot != NULL) {
-        /* positions from n_keep on will be written afresh, at their true positions */
-        memset(s->mesa.k_rot + n_keep, 0, sizeof(int32_t) * (size_t) (s->n_past - n_keep));
-    }
     s->n_past = n_keep;
     if (n_keep == 0) {
         s->mesa.planned = false;  /* the next feed is a new prompt */

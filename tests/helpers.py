@@ -82,6 +82,32 @@ def random_tokens(n: int, seed: int = 1, n_vocab: int = 49152) -> list[int]:
     return np.random.default_rng(seed).integers(0, n_vocab, n).tolist()
 
 
+def next_token_logits(model: Path, tokens: list[int], n_fed: int, change=None, **kwargs: object
+                      ) -> tuple[np.ndarray, int]:
+    """Feed tokens[:n_fed], change the cache with `change(llama_cpp, mem)` (a K-shift it records is applied
+    at the start of the next llama_decode), then decode tokens[n_fed] right after the last position in the
+    cache. Returns its logits and the position it went to."""
+    import ctypes
+
+    import farctx
+    import llama_cpp
+
+    llm = farctx.Llama(str(model), **kwargs)
+    try:
+        llm.eval(tokens[:n_fed])
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        if change is not None:
+            change(llama_cpp, mem)
+        next_token = (ctypes.c_int32 * 1)(tokens[n_fed])
+        batch = llama_cpp.llama_batch_get_one(next_token, 1)  # position: after the last one in the cache
+        assert llama_cpp.llama_decode(llm.ctx, batch) == 0
+        pos = llama_cpp.llama_memory_seq_pos_max(mem, 0)
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).astype(np.float64).copy(), pos
+    finally:
+        llm.close()
+
+
 def engine_logits(model: Path, tokens: list[int], n_prefill: int, *, n_ubatch: int, type_k: int = F32,
                   type_v: int = F32, flash_attn: bool = False, n_ctx: int = 0, stats: dict[str, int] | None = None,
                   **kwargs: object) -> np.ndarray:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import BF16, F16, F32, Q8_0, random_tokens, tolerance
+from helpers import BF16, F16, F32, Q8_0, next_token_logits, random_tokens, tolerance
 
 N = 48
 YARN = dict(rope_scaling_type=2, rope_freq_scale=0.5, yarn_ext_factor=1.0, yarn_orig_ctx=32)  # 2 = YaRN
@@ -26,27 +26,12 @@ def _rotate_k(llama_cpp: object) -> Callable[..., bool]:
 
 def _next_logits(tiny_model, tokens: list[int], shift: Shift | None, *, next_pos: int = N, type_k: int = F32,
                  type_v: int = F32, **kwargs: object) -> np.ndarray:
-    """Feed tokens[:N], change the cache with `shift(llama_cpp, mem)`, decode tokens[N] at next_pos (the
-    shift is applied at the start of that llama_decode)."""
-    import farctx
-    import llama_cpp
-
-    llm = farctx.Llama(str(tiny_model), n_ctx=128, n_batch=128, type_k=type_k, type_v=type_v,
-                       flash_attn=type_v == Q8_0, **kwargs)
-    try:
-        llm.eval(tokens[:N])
-        mem = llama_cpp.llama_get_memory(llm.ctx)
-        if shift is not None:
-            shift(llama_cpp, mem)
-        next_token = (ctypes.c_int32 * 1)(tokens[N])
-        batch = llama_cpp.llama_batch_get_one(next_token, 1)
-        pos = (ctypes.c_int32 * 1)(next_pos)
-        batch.pos = pos
-        assert llama_cpp.llama_decode(llm.ctx, batch) == 0
-        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-        return np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).astype(np.float64).copy()
-    finally:
-        llm.close()
+    """Feed tokens[:N], change the cache with `shift(llama_cpp, mem)`, decode tokens[N]; it lands at next_pos
+    (after the last cached position: a seq_add moves positions, a rotation does not)."""
+    logits, pos = next_token_logits(tiny_model, tokens, N, shift, n_ctx=128, n_batch=128, type_k=type_k,
+                                    type_v=type_v, flash_attn=type_v == Q8_0, **kwargs)
+    assert pos == next_pos
+    return logits
 
 
 SHIFT = 12

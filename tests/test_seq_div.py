@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
-from helpers import random_tokens
+from helpers import next_token_logits, random_tokens
 
 N = 64
 
 
 def _next_logits(tiny_model, tokens, shift, next_pos: int) -> np.ndarray:
     """Feed tokens, re-position the cache with `shift(mem)`, then decode one more token."""
-    import farctx
-    import llama_cpp
-
-    llm = farctx.Llama(str(tiny_model), n_ctx=128, n_batch=128, type_k=0, type_v=0)
-    try:
-        llm.eval(tokens[:N])
-        mem = llama_cpp.llama_get_memory(llm.ctx)
-        shift(llama_cpp, mem)
-        next_token = (ctypes.c_int32 * 1)(tokens[N])
-        batch = llama_cpp.llama_batch_get_one(next_token, 1)  # position: after the last one in the cache
-        assert llama_cpp.llama_decode(llm.ctx, batch) == 0
-        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == next_pos
-        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-        return np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).astype(np.float64).copy()
-    finally:
-        llm.close()
+    logits, pos = next_token_logits(tiny_model, tokens, N, shift, n_ctx=128, n_batch=128, type_k=0, type_v=0)
+    assert pos == next_pos
+    return logits
 
 
 def test_seq_div_equals_per_cell_seq_add(tiny_model):
