@@ -116,7 +116,8 @@ def test_rewind_into_evicted_keys_replays_the_stream(tiny_model, oracle):
     llm.eval(tokens[50:120])
     assert llm.n_tokens == 120 and llm.stats()["n_past"] == 120
     ref = oracle.logits(tokens, method_rule("lminf", 120, N_LOCAL, N_GLOBAL))
-    assert np.abs(llm.scores[:120] - ref).max() <= 1e-4
+    # the suite's F32 bound: 1e-4 on the CPU, the F16 bound where a GPU computes F32 products in TF32
+    tolerance(0, 0, False).check(np.array(llm.scores[:120], dtype=np.float64), ref, "lminf after a replayed rewind")
     llm.close()
 
 

@@ -1,0 +1,165 @@
+"""What our graphs hand to flash attention, checked on the CPU against what stock llama.cpp hands it.
+
+Every flash-attention node that llama.cpp builds is logged (FARCTX_FA_LAYOUT_LOG, patch 0008: type,
+shape, strides, view offset, and the op that produced the memory of Q, K, V and the mask). A GPU kernel
+may accept fewer layouts than the CPU one, and on an H200 mesa went wrong with flash attention
+while the CPU was exact (bench/gpu/README.md). So every node of ours must be one of:
+  - K and V: the KV-cache view exactly as stock builds it (same type, shape, strides, offset 0), or a
+    fresh tensor written by a copy kernel (CPY: a cast; CONCAT: two cell ranges joined), whole (offset 0);
+    never the output of any other op (an F16 RoPE straight into flash attention is what failed);
+  - Q: F32 from the model's RoPE or the Hadamard product of a quantized cache (stock), or from our query
+    scale or rotation (MUL, ROPE);
+  - mask: F16, as wide as K, the stock input tensor or a CONCAT of two masks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import F16, F32, Q8_0, engine_logits, random_tokens
+
+N_LOCAL, N_GLOBAL, N_SINK = 32, 10, 4
+MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
+METHOD_KWARGS: dict[str, dict[str, int]] = {
+    "vanilla": {},
+    "lminf": dict(n_local=N_LOCAL, n_global=N_GLOBAL),
+    "window": dict(n_local=N_LOCAL),
+    "lambda-only": dict(n_local=N_LOCAL, n_global=N_GLOBAL),
+    "streaming": dict(n_local=N_LOCAL - N_SINK, n_sink=N_SINK),
+    "rerope": dict(n_local=N_LOCAL),
+    "mesa": MESA,
+    "selfextend": dict(group=4, neighbor=8),
+}
+KV = {"f16": (F16, F16), "q8_0": (Q8_0, Q8_0), "f32": (F32, F32)}
+
+
+@dataclass(frozen=True)
+class Operand:
+    type: str
+    ne: tuple[int, ...]
+    nb: tuple[int, ...]
+    offs: int
+    origin: str          # "cache", "input", or the op that wrote the memory (ROPE, MUL, CPY, CONCAT, ...)
+    base_ne: tuple[int, ...]
+
+    @property
+    def layout(self) -> tuple[object, ...]:
+        return self.type, self.ne, self.nb, self.offs
+
+    @property
+    def whole(self) -> bool:
+        """A view of all of the producing tensor's elements (a permutation of a fresh tensor)."""
+        count = 1
+        for n in self.ne:
+            count *= n
+        base = 1
+        for n in self.base_ne:
+            base *= n
+        return self.offs == 0 and count == base
+
+
+@dataclass(frozen=True)
+class FaNode:
+    mode: int            # 0: stock graph (LLAMA_ATTN_EXTRAP_NONE), 1: ours (CUSTOM)
+    ops: dict[str, Operand]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def parse_log(path: Path) -> list[FaNode]:
+    nodes = []
+    for line in path.read_text().splitlines():
+        fields = dict(f.split("=", 1) for f in line.split())
+        ops = {}
+        for name in ("q", "k", "v", "mask"):
+            typ, ne, nb, offs, origin, base = fields[name].split(":")
+            ops[name] = Operand(typ, _ints(ne), _ints(nb), int(offs.split("=")[1]), origin.split("=")[1],
+                                _ints(base.split("=")[1]))
+        nodes.append(FaNode(int(fields["mode"]), ops))
+    return nodes
+
+
+def fa_nodes(tiny_model: Path, tmp_path: Path, method: str, kv: str, n_ubatch: int) -> list[FaNode]:
+    """The flash-attention nodes of a 100-token prompt and 30 decoded tokens (past the tiny model's
+    trained context of 32: every method leaves the stock graph)."""
+    log = tmp_path / f"{method}-{kv}-{n_ubatch}.log"
+    type_k, type_v = KV[kv]
+    log.unlink(missing_ok=True)  # the library appends
+    os.environ["FARCTX_FA_LAYOUT_LOG"] = str(log)
+    try:
+        engine_logits(tiny_model, random_tokens(130, seed=5), 100, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                      flash_attn=True, method=method, n_ctx=256, **METHOD_KWARGS[method])
+    finally:
+        del os.environ["FARCTX_FA_LAYOUT_LOG"]
+    assert log.exists(), "no flash-attention node was logged: the library lacks patch 0008"
+    return parse_log(log)
+
+
+def layout_violations(nodes: list[FaNode], stock_cache: dict[str, set[tuple[object, ...]]]) -> Iterator[str]:
+    for node in nodes:
+        k, v, q, mask = node.ops["k"], node.ops["v"], node.ops["q"], node.ops["mask"]
+        for name, op in (("k", k), ("v", v)):
+            if op.origin == "cache":
+                if op.layout not in stock_cache[name]:
+                    yield f"{name}: a cache view stock never builds: {op}"
+            elif op.origin in ("CPY", "CONCAT"):
+                if not op.whole:
+                    yield f"{name}: part of a {op.origin} output: {op}"
+            else:
+                yield f"{name}: written by {op.origin}, not by a copy kernel: {op}"
+        # the model's RoPE, our scale or rotation, or (quantized K, as stock) the Hadamard product
+        if q.type != "f32" or q.origin not in ("ROPE", "MUL", "MUL_MAT") or q.nb[0] != 4:
+            yield f"q: {q}"
+        if mask.type != "f16" or mask.origin not in ("input", "CONCAT") or mask.ne[0] != k.ne[1] or not mask.whole:
+            yield f"mask: {mask} for K {k.ne}"
+
+
+@pytest.fixture(scope="module")
+def stock_layouts(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, set]]:
+    """The K and V cache views of stock llama.cpp's graph (vanilla runs it), per cache type."""
+    out = {}
+    tmp = tmp_path_factory.mktemp("fa-stock")
+    for kv in KV:
+        nodes = [n for ub in (1, 7) for n in fa_nodes(tiny_model, tmp, "vanilla", kv, ub)]
+        assert nodes and all(n.mode == 0 for n in nodes)
+        out[kv] = {name: {n.ops[name].layout for n in nodes} for name in ("k", "v")}
+    return out
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 7])
+@pytest.mark.parametrize("kv", list(KV))
+@pytest.mark.parametrize("method", [m for m in METHOD_KWARGS if m != "vanilla"])
+def test_flash_attention_layouts_are_stock_or_copies(tiny_model, tmp_path, stock_layouts, method, kv, n_ubatch):
+    nodes = fa_nodes(tiny_model, tmp_path, method, kv, n_ubatch)
+    ours = [n for n in nodes if n.mode == 1]
+    problems = sorted(set(layout_violations(ours, stock_layouts[kv])))
+    assert not problems, f"{method} {kv} ubatch {n_ubatch}:\n" + "\n".join(problems)
+
+
+def test_the_check_can_fail(tiny_model, tmp_path, stock_layouts):
+    """With FARCTX_ROPE_F16_DIRECT=1 (the F16 RoPE output goes straight to flash attention, as before the
+    fix) mesa's last chunk is flagged; without it, the same run takes the F32 rotation and a cast (CPY)."""
+    os.environ["FARCTX_ROPE_F16_DIRECT"] = "1"
+    try:
+        import subprocess
+        import sys
+
+        # the flag is read once per process: run the direct variant in a child
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import farctx, test_fa_layout as t; "
+                f"from pathlib import Path; "
+                f"t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), 'mesa', 'f16', 7)")
+        subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+    finally:
+        del os.environ["FARCTX_ROPE_F16_DIRECT"]
+    direct = [n for n in parse_log(tmp_path / "mesa-f16-7.log") if n.mode == 1]
+    problems = list(layout_violations(direct, stock_layouts["f16"]))
+    assert any("written by ROPE" in p for p in problems)
+    fixed = [n for n in fa_nodes(tiny_model, tmp_path, "mesa", "f16", 7) if n.mode == 1]
+    assert any(n.ops["k"].origin == "CPY" for n in fixed)
+    assert not list(layout_violations(fixed, stock_layouts["f16"]))
