@@ -21,6 +21,30 @@ static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
     }
 }
 
+/* main_allowed(p, i, j) as a range test, for the per-ubatch fill: key j is visible from query i iff
+ * 0 <= j <= i and (j > i - window or j < always) */
+static int32_t main_window(const struct farctx_params * p) {
+    switch (p->method) {
+        case FARCTX_METHOD_WINDOW:
+        case FARCTX_METHOD_LMINF:
+        case FARCTX_METHOD_STREAMING:
+        case FARCTX_METHOD_LAMBDA_ONLY:
+        case FARCTX_METHOD_REROPE:      return p->n_local;
+        case FARCTX_METHOD_SELFEXTEND:  return p->neighbor;
+        default:                        return INT32_MAX;
+    }
+}
+
+static void fill_main_row(const struct farctx_params * p, int32_t i, const int32_t * kv_pos, int32_t n, float * row) {
+    const int32_t window = main_window(p);
+    const int64_t lo     = (int64_t) i - window + 1;                               /* first key inside the window */
+    const int32_t always = p->method == FARCTX_METHOD_LAMBDA_ONLY ? p->n_global : 0; /* keys seen at any distance */
+    for (int32_t c = 0; c < n; ++c) {
+        const int32_t j = kv_pos[c];
+        row[c] = (j >= 0 && j <= i && (j >= lo || j < always)) ? 0.0f : -INFINITY;
+    }
+}
+
 /* second segment (bounded distance): keys beyond the window, seen at distance n_local */
 static bool seg2_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
     const int32_t window = p->method == FARCTX_METHOD_SELFEXTEND ? p->neighbor : p->n_local;
@@ -141,9 +165,7 @@ static int32_t fill_single_query(struct farctx_session * s, struct llama_attn_ex
         return 1;
     }
     const int32_t i = ub->q_pos[0];
-    for (int32_t c = 0; c < ub->n_kv; ++c) {
-        ub->mask[c] = main_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
-    }
+    fill_main_row(p, i, ub->kv_pos, ub->n_kv, ub->mask);
     for (int32_t c = 0; c < ub->n_seg2; ++c) {
         const int32_t j = ub->seg2_pos[c];
         const bool near = main_allowed(p, i, j), far = seg2_allowed(p, i, j);
@@ -175,10 +197,7 @@ int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * u
 
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int32_t i = ub->q_pos[t];
-        float * row = ub->mask + (size_t) t * ub->n_kv;
-        for (int32_t c = 0; c < ub->n_kv; ++c) {
-            row[c] = main_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
-        }
+        fill_main_row(p, i, ub->kv_pos, ub->n_kv, ub->mask + (size_t) t * ub->n_kv);
         if (ub->n_seg2 > 0) {
             float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
             for (int32_t c = 0; c < ub->n_seg2; ++c) {

@@ -153,7 +153,9 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
     }
     /* a fixed-size cache evicts between calls: one ubatch per llama_decode */
     const int32_t n_batch = (int32_t) (fixed ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
-    struct llama_batch batch = llama_batch_init(n_batch, 0, 1);
+    /* sized to this call (one token per call when decoding): llama_batch_init allocates a sequence-id
+     * array per slot */
+    struct llama_batch batch = llama_batch_init(n_tokens < n_batch ? n_tokens : n_batch, 0, 1);
     llama_memory_t mem = llama_get_memory(s->ctx);
 
     for (int32_t done = 0; done < n_tokens; ) {
@@ -170,7 +172,7 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             batch.pos[i]       = (llama_pos) (s->n_past + i);
             batch.n_seq_id[i]  = 1;
             batch.seq_id[i][0] = 0;
-            batch.logits[i]    = logits != NULL && (all_logits || (last_chunk && i == n - 1));
+            batch.logits[i]    = (all_logits && logits != NULL) || (last_chunk && i == n - 1);
         }
 
         if (fixed) {

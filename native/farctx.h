@@ -117,7 +117,9 @@ FARCTX_API void farctx_session_free(struct farctx_session * session);
 /*
  * Feed tokens after the ones already in the stream, in batches of the context's n_batch.
  * logits: NULL, or room for n_vocab floats (all_logits false: the last token's) or
- * n_tokens*n_vocab floats (all_logits true: every token's, in order).
+ * n_tokens*n_vocab floats (all_logits true: every token's, in order). The context keeps the last
+ * token's logits either way (llama_get_logits_ith(ctx, -1), what a sampler reads), as llama.cpp does
+ * for any batch; with all_logits, every token of the last batch.
  */
 FARCTX_API int32_t farctx_session_feed(
         struct farctx_session * session,

@@ -2,6 +2,7 @@
 # Build the patched llama.cpp and libfarctx into build/cmake/bin (CPU by default).
 #   FARCTX_CUDA=1 scripts/build.sh            CUDA build into build/cmake-cuda
 #   CUDA_ARCHITECTURES="90" ...               architectures for the CUDA build
+#   FARCTX_VULKAN=1 scripts/build.sh          Vulkan build into build/cmake-vulkan
 #   FARCTX_STOCK=1 scripts/build.sh           stock llama.cpp (no patches) into build/cmake-stock
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +18,9 @@ if [ "${FARCTX_STOCK:-0}" = 1 ]; then
 elif [ "${FARCTX_CUDA:-0}" = 1 ]; then
     out="$root/build/cmake-cuda"
     args+=(-DFARCTX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-75;80;86;89;90}")
+elif [ "${FARCTX_VULKAN:-0}" = 1 ]; then
+    out="$root/build/cmake-vulkan"
+    args+=(-DFARCTX_VULKAN=ON -DVulkan_INCLUDE_DIR="$("$root/scripts/vulkan-headers.sh")")
 else
     out="$root/build/cmake"
 fi

@@ -163,3 +163,21 @@ def test_the_check_can_fail(tiny_model, tmp_path, stock_layouts):
     fixed = [n for n in fa_nodes(tiny_model, tmp_path, "mesa", "f16", 7) if n.mode == 1]
     assert any(n.ops["k"].origin == "CPY" for n in fixed)
     assert not list(layout_violations(fixed, stock_layouts["f16"]))
+
+
+def test_aligned_views_match_the_oracle():
+    """Outside host memory (a GPU cache) the main segment's views start at a cell rounded down to 256
+    (Vulkan asserts on a misaligned view offset: a transposed V or a mask column view at cell kv_first),
+    with the cells in between masked. FARCTX_ALIGN_VIEWS=1 takes that path on the CPU: the kv_first
+    methods (lminf and streaming decoding, mesa's middle chunks) must still equal the oracle."""
+    import subprocess
+    import sys
+
+    here = Path(__file__).parent
+    env = dict(os.environ, FARCTX_ALIGN_VIEWS="1")
+    tests = [str(here / "test_oracle_methods.py"), str(here / "test_oracle_mesa.py")]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+                          "-k", "(lminf or streaming) and -1] or mesa_matches and -7]"],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout

@@ -120,7 +120,6 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             self.input_ids = np.zeros(n_ctx, dtype=np.intc)
             if self._logits_all:
                 self.scores = np.zeros((n_ctx, self._n_vocab), dtype=np.single)
-        self._last_logits = np.empty(self._n_vocab, dtype=np.single)
         if fixed_cache:
             # llama_cpp.Llama bounds prompts and generations by _n_ctx: here the stream is unbounded
             # (32-bit positions), only the cache is fixed
@@ -161,14 +160,15 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         if n_before + n > self.input_ids.shape[0]:
             # a stream may outgrow the cache (methods that evict); libfarctx decides what fits
             self._grow(n_before + n)
-        out = np.empty((n, self._n_vocab), dtype=np.single) if all_logits else self._last_logits
+        # without all_logits nothing is copied: the context keeps the last token's logits for the sampler
+        out = np.empty((n, self._n_vocab), dtype=np.single) if all_logits else None
         progress_cb = self._progress_callback(n)
         rc = _lib.farctx_session_feed(
             self._session,
             _ffi.from_buffer("int32_t[]", arr),
             n,
             all_logits,
-            _ffi.from_buffer("float[]", out),
+            _ffi.from_buffer("float[]", out) if out is not None else _ffi.NULL,
             progress_cb,
             _ffi.NULL,
         )

@@ -1,0 +1,43 @@
+/* Preloaded into a benchmark process (LD_PRELOAD): counts the wall time spent inside
+ * ggml_backend_sched_graph_compute_async, through which llama.cpp computes every graph (the
+ * model's and the K-shift's). On the CPU backend the compute is synchronous inside that call, so
+ * (time of a decode call) - (time in here) = the host work around the graph: batch handling,
+ * graph build or reuse, scheduling, input fill (the KQ mask), outputs, and the callers' own work. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <time.h>
+
+typedef int (*compute_fn)(void * sched, void * graph);
+
+static compute_fn real_compute;
+static uint64_t   compute_ns;
+static uint64_t   compute_calls;
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t) t.tv_sec * 1000000000ull + (uint64_t) t.tv_nsec;
+}
+
+int ggml_backend_sched_graph_compute_async(void * sched, void * graph) {
+    if (real_compute == NULL) {
+        real_compute = (compute_fn) dlsym(RTLD_NEXT, "ggml_backend_sched_graph_compute_async");
+    }
+    if (real_compute == NULL) {
+        /* loaded with dlopen(RTLD_LOCAL) by ctypes: not in the global scope, but loaded */
+        void * base = dlopen("libggml-base.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (base == NULL) {
+            base = dlopen("libggml-base.so.0", RTLD_LAZY | RTLD_NOLOAD);
+        }
+        real_compute = base ? (compute_fn) dlsym(base, "ggml_backend_sched_graph_compute_async") : NULL;
+    }
+    const uint64_t t0 = now_ns();
+    const int status = real_compute(sched, graph);
+    compute_ns += now_ns() - t0;
+    compute_calls++;
+    return status;
+}
+
+uint64_t farctx_host_shim_compute_ns(void) { return compute_ns; }
+uint64_t farctx_host_shim_compute_calls(void) { return compute_calls; }

@@ -1,0 +1,170 @@
+"""Host time per prefill ubatch and per generated token, outside ggml's compute: farctx against stock
+llama.cpp in the same run (issue 14, item 2).
+
+On a GPU a small model's token takes about a millisecond, so the host work around each graph (the
+mask fill and its upload, graph build or reuse, policy calls, Python) decides the speed. This measures
+that work on the CPU: each measurement runs in a process of its own with `host_shim.c` preloaded,
+which times every `ggml_backend_sched_graph_compute_async` call (synchronous on the CPU backend);
+host time = wall time of the `Llama.eval` calls - time inside compute. Stock is llama-cpp-python's
+`Llama` on the unpatched library (build/cmake-stock), ours is `farctx.Llama`; both feed the same
+tokens with the same n_batch = n_ubatch, then decode one token per call.
+
+    .venv/bin/python bench/host/host_time.py                       # defaults below, table on stdout
+    .venv/bin/python bench/host/host_time.py --json bench/host/host_time.json
+
+Two regimes: `inside` (the stream fits the trained context: every method runs the stock graph) and
+`past` (--n-ctx-train smaller than the stream, so the methods run their own graphs; stock runs the
+same length, which it can, since the model's real context is larger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIM_SRC = Path(__file__).with_name("host_shim.c")
+SHIM = ROOT / "build" / "host-shim" / "libfarctx-host-shim.so"
+
+
+def build_shim() -> Path:
+    if not SHIM.exists() or SHIM.stat().st_mtime < SHIM_SRC.stat().st_mtime:
+        SHIM.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(SHIM), str(SHIM_SRC), "-ldl"], check=True)
+    return SHIM
+
+
+# ------------------------------------------------------------------------------------ worker
+
+def worker(cfg: dict) -> dict:
+    shim = ctypes.CDLL(None)  # the preloaded shim's symbols are global
+    compute_ns = shim.farctx_host_shim_compute_ns
+    compute_ns.restype = ctypes.c_uint64
+    calls = shim.farctx_host_shim_compute_calls
+    calls.restype = ctypes.c_uint64
+
+    length, n_gen, ub = cfg["length"], cfg["n_gen"], cfg["n_ubatch"]
+    common = dict(n_batch=ub, n_ubatch=ub, n_threads=cfg["threads"], verbose=False,
+                  flash_attn=cfg["flash_attn"])
+    if cfg["method"] == "stock":
+        import llama_cpp
+
+        llm = llama_cpp.Llama(model_path=cfg["model"], n_ctx=length + n_gen, **common)
+    else:
+        import farctx
+
+        kwargs = dict(common)
+        if cfg.get("n_ctx_train"):
+            kwargs["n_ctx_train"] = cfg["n_ctx_train"]
+        if cfg["method"] in ("vanilla", "mesa", "rerope", "selfextend"):
+            kwargs["n_ctx"] = length + n_gen
+        llm = farctx.Llama(cfg["model"], method=cfg["method"], **kwargs)
+    tokens = [int(t) for t in (list(range(1000, 1000 + length + n_gen)))]
+
+    def timed(fn) -> tuple[float, float, int]:
+        c0, n0 = compute_ns(), calls()
+        t0 = time.perf_counter_ns()
+        fn()
+        wall = time.perf_counter_ns() - t0
+        return wall / 1e3, (compute_ns() - c0) / 1e3, calls() - n0
+
+    wall_p, comp_p, graphs_p = timed(lambda: llm.eval(tokens[:length]))
+
+    def decode() -> None:
+        for t in tokens[length:]:
+            llm.eval([t])
+
+    wall_d, comp_d, graphs_d = timed(decode)
+    n_ubatches = -(-length // ub)
+    return {
+        "prefill_host_us_per_ubatch": (wall_p - comp_p) / n_ubatches,
+        "prefill_compute_us_per_ubatch": comp_p / n_ubatches,
+        "decode_host_us_per_token": (wall_d - comp_d) / n_gen,
+        "decode_compute_us_per_token": comp_d / n_gen,
+        "graphs_prefill": graphs_p,
+        "graphs_decode": graphs_d,
+    }
+
+
+# ------------------------------------------------------------------------------------ driver
+
+def run_one(cfg: dict) -> dict:
+    env = dict(os.environ, LD_PRELOAD=str(SHIM), PYTHONPATH=str(ROOT / "pyext"))
+    if cfg["method"] == "stock":
+        env["LLAMA_CPP_LIB_PATH"] = str(ROOT / "build" / "cmake-stock" / "bin")
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("-m", "--model", default=None, help="GGUF (default: the bundled model)")
+    ap.add_argument("--methods", default="vanilla,lminf,window,streaming,mesa")
+    ap.add_argument("--length", type=int, default=2048, help="prompt tokens")
+    ap.add_argument("-n", "--n-gen", type=int, default=64, help="tokens decoded one per call")
+    ap.add_argument("-ub", "--n-ubatch", type=int, default=256)
+    ap.add_argument("--past-n-ctx-train", type=int, default=512,
+                    help="n_ctx_train given to the methods in the `past` regime")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-fa", "--flash-attn", default="off", choices=["on", "off"])
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    sys.path.insert(0, str(ROOT / "pyext"))
+    import farctx
+
+    build_shim()
+    model = args.model or str(farctx.default_model_path())
+    base = dict(model=model, length=args.length, n_gen=args.n_gen, n_ubatch=args.n_ubatch, threads=args.threads,
+                flash_attn=args.flash_attn == "on")
+    methods = args.methods.split(",")
+    samples: dict[tuple[str, str], list[dict]] = {}
+    for rep in range(args.reps):
+        for regime in ("inside", "past"):
+            for method in ["stock"] + methods:  # stock interleaved with every repetition
+                cfg = dict(base, method=method)
+                if regime == "past" and method != "stock":
+                    cfg["n_ctx_train"] = args.past_n_ctx_train
+                samples.setdefault((method, regime), []).append(run_one(cfg))
+                print(f"rep {rep + 1}/{args.reps} {regime:<6} {method:<10} done", file=sys.stderr, flush=True)
+
+    keys = ["prefill_host_us_per_ubatch", "decode_host_us_per_token", "prefill_compute_us_per_ubatch",
+            "decode_compute_us_per_token"]
+    table = []
+    for regime in ("inside", "past"):
+        stock = {k: statistics.median(s[k] for s in samples[("stock", regime)]) for k in keys}
+        for method in ["stock"] + methods:
+            med = {k: statistics.median(s[k] for s in samples[(method, regime)]) for k in keys}
+            row = {"regime": regime, "method": method, **med,
+                   "prefill_host_ratio": med[keys[0]] / stock[keys[0]],
+                   "decode_host_ratio": med[keys[1]] / stock[keys[1]]}
+            table.append(row)
+    print(f"host time outside ggml compute, medians of {args.reps} (prompt {args.length}, ubatch {args.n_ubatch}, "
+          f"{args.n_gen} decoded, -fa {args.flash_attn}, -t {args.threads}; past: n_ctx_train {args.past_n_ctx_train})")
+    print()
+    print("| regime | method | host us / ubatch | x stock | host us / token | x stock | compute us / ubatch | compute us / token |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['regime']} | {r['method']} | {r['prefill_host_us_per_ubatch']:.0f} | {r['prefill_host_ratio']:.2f} | "
+              f"{r['decode_host_us_per_token']:.0f} | {r['decode_host_ratio']:.2f} | "
+              f"{r['prefill_compute_us_per_ubatch']:.0f} | {r['decode_compute_us_per_token']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
