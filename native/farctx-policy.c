@@ -4,25 +4,9 @@
 #include <math.h>
 #include <stdint.h>
 
-/* a key j (true position) is visible from query i in the main segment, with relpos i - j */
-static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
-    if (j < 0 || j > i) {
-        return false;
-    }
-    const int32_t d = i - j;
-    switch (p->method) {
-        case FARCTX_METHOD_WINDOW:
-        case FARCTX_METHOD_LMINF:
-        case FARCTX_METHOD_STREAMING:   return d < p->n_local;
-        case FARCTX_METHOD_LAMBDA_ONLY: return d < p->n_local || j < p->n_global;
-        case FARCTX_METHOD_REROPE:      return d < p->n_local;
-        case FARCTX_METHOD_SELFEXTEND:  return d < p->neighbor;
-        default:                        return true;
-    }
-}
-
-/* main_allowed(p, i, j) as a range test, for the per-ubatch fill: key j is visible from query i iff
- * 0 <= j <= i and (j > i - window or j < always) */
+/* The main segment's rule: key j (true position) is visible from query i, with relpos i - j, iff
+ * 0 <= j <= i and (i - j < window or j < always). One window per method, and lambda-only also keeps its
+ * globals at any distance; the per-ubatch fill tests it as a range per row */
 static int32_t main_window(const struct farctx_params * p) {
     switch (p->method) {
         case FARCTX_METHOD_WINDOW:
@@ -35,13 +19,23 @@ static int32_t main_window(const struct farctx_params * p) {
     }
 }
 
+static int32_t main_always(const struct farctx_params * p) {
+    return p->method == FARCTX_METHOD_LAMBDA_ONLY ? p->n_global : 0;
+}
+
+static bool main_visible(int32_t i, int32_t j, int64_t lo, int32_t always) {
+    return j >= 0 && j <= i && (j >= lo || j < always);
+}
+
+static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
+    return main_visible(i, j, (int64_t) i - main_window(p) + 1, main_always(p));
+}
+
 static void fill_main_row(const struct farctx_params * p, int32_t i, const int32_t * kv_pos, int32_t n, float * row) {
-    const int32_t window = main_window(p);
-    const int64_t lo     = (int64_t) i - window + 1;                               /* first key inside the window */
-    const int32_t always = p->method == FARCTX_METHOD_LAMBDA_ONLY ? p->n_global : 0; /* keys seen at any distance */
+    const int64_t lo     = (int64_t) i - main_window(p) + 1;  /* first key inside the window */
+    const int32_t always = main_always(p);
     for (int32_t c = 0; c < n; ++c) {
-        const int32_t j = kv_pos[c];
-        row[c] = (j >= 0 && j <= i && (j >= lo || j < always)) ? 0.0f : -INFINITY;
+        row[c] = main_visible(i, kv_pos[c], lo, always) ? 0.0f : -INFINITY;
     }
 }
 

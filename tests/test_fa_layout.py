@@ -15,6 +15,8 @@ while the CPU was exact (bench/gpu/README.md). So every node of ours must be one
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,18 +147,10 @@ def test_flash_attention_layouts_are_stock_or_copies(tiny_model, tmp_path, stock
 def test_the_check_can_fail(tiny_model, tmp_path, stock_layouts):
     """With FARCTX_ROPE_F16_DIRECT=1 (the F16 RoPE output goes straight to flash attention, as before the
     fix) mesa's last chunk is flagged; without it, the same run takes the F32 rotation and a cast (CPY)."""
-    os.environ["FARCTX_ROPE_F16_DIRECT"] = "1"
-    try:
-        import subprocess
-        import sys
-
-        # the flag is read once per process: run the direct variant in a child
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import farctx, test_fa_layout as t; "
-                f"from pathlib import Path; "
-                f"t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), 'mesa', 'f16', 7)")
-        subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
-    finally:
-        del os.environ["FARCTX_ROPE_F16_DIRECT"]
+    # the flag is read once per process: the direct variant runs in a child
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), 'mesa', 'f16', 7)")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, FARCTX_ROPE_F16_DIRECT="1"))
     direct = [n for n in parse_log(tmp_path / "mesa-f16-7.log") if n.mode == 1]
     problems = list(layout_violations(direct, stock_layouts["f16"]))
     assert any("written by ROPE" in p for p in problems)
@@ -170,9 +164,6 @@ def test_aligned_views_match_the_oracle():
     (Vulkan asserts on a misaligned view offset: a transposed V or a mask column view at cell kv_first),
     with the cells in between masked. FARCTX_ALIGN_VIEWS=1 takes that path on the CPU: the kv_first
     methods (lminf and streaming decoding, mesa's middle chunks) must still equal the oracle."""
-    import subprocess
-    import sys
-
     here = Path(__file__).parent
     env = dict(os.environ, FARCTX_ALIGN_VIEWS="1")
     tests = [str(here / "test_oracle_methods.py"), str(here / "test_oracle_mesa.py")]
