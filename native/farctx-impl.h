@@ -8,36 +8,88 @@
 
 #define FARCTX_ERR_LEN 512
 
-/* Mesa-Extrapolation's plan for the current prompt (per session: no module-level state) */
-struct farctx_mesa {
-    bool    planned;
-    bool    chunked;        /* the prompt is past L_tr - gen_budget            */
-    int64_t n;              /* prompt length                                   */
-    int64_t C;              /* chunk width                                     */
-    int64_t N;              /* middle chunks                                   */
-    int64_t last_S;         /* stair boundary of the last ubatch (-1: none)    */
-    int32_t n_stair_moves;  /* times the boundary moved forward                */
-    /* from S - 1 on (the last chunk's tail, generated tokens) the graph reads the cache as is, its keys
-     * rotated in place to their stair positions. rot_S: the stair boundary the cached keys sit at (key j
-     * at farctx_mesa_stair_pos(j, rot_S); 0: true positions). It holds for every cell: cells written
-     * later sit at or above the batch's S - 1, where the stair is the identity, and a rewind only
-     * removes cells */
-    int64_t rot_S;
-    int32_t * k_step;       /* scratch: the rotation to apply per position */
-    int32_t n_cache_rotations; /* times the cache was rotated in place         */
+/* indices of the parameter table (farctx-methods.c), in the order of struct farctx_params' fields */
+enum farctx_param_index {
+    FARCTX_PARAM_N_CTX_TRAIN = 0,
+    FARCTX_PARAM_N_GLOBAL,
+    FARCTX_PARAM_N_LOCAL,
+    FARCTX_PARAM_N_SINK,
+    FARCTX_PARAM_FIRST_CHUNK,
+    FARCTX_PARAM_STAIR_WIDTH,
+    FARCTX_PARAM_LAST_CONTEXT,
+    FARCTX_PARAM_GEN_BUDGET,
+    FARCTX_PARAM_GROUP,
+    FARCTX_PARAM_NEIGHBOR,
+    FARCTX_PARAM_COUNT
 };
+
+struct farctx_session;
+
+/*
+ * A method as operations of the session driver (farctx-session.c), which names no method. NULL: the
+ * default given with each operation. `rule`: the method's data for operations shared by a family.
+ */
+struct farctx_method_ops {
+    /* the n_local that 0 means, n_ctx_train set (NULL: n_ctx_train) */
+    int32_t (*local_default)(const struct farctx_params * p);
+    /* checks of the resolved parameters against each other (NULL: none) */
+    int32_t (*validate)(const struct farctx_params * p, char * err, size_t err_size);
+    /* set-up after the parameters are resolved: state, parameters that depend on the context (NULL: none) */
+    int32_t (*init)(struct farctx_session * s, char * err, size_t err_size);
+    void    (*free)(struct farctx_session * s);
+    /* the attention mechanism's settings (fill callback, segments, deltas) */
+    void    (*setup)(struct farctx_session * s, struct llama_attn_extrap_params * out);
+    /* queries below this position see exactly what vanilla attention shows them: the stock graph runs */
+    int64_t (*plain_below)(const struct farctx_session * s);
+    /* first position beyond the head tokens that a query at next_pos still reads (NULL: 0, every key) */
+    int64_t (*first_needed)(const struct farctx_params * p, int64_t next_pos);
+    /* a feed of n_tokens starts at s->n_past (NULL: nothing to do) */
+    void    (*begin_feed)(struct farctx_session * s, int32_t n_tokens);
+    /* the position where the segment holding pos ends: a llama_decode never crosses it (NULL: none) */
+    int64_t (*segment_end)(const struct farctx_session * s, int64_t pos);
+    /* the graph settings of a batch of n_tokens at pos past the plain range (ex holds the method's) */
+    void    (*batch_params)(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
+                            struct llama_attn_extrap_params * ex);
+    /* before llama_decode of the batch at pos (NULL: nothing) */
+    int32_t (*before_decode)(struct farctx_session * s, int64_t pos);
+    /* the stream is cut to n_keep: FARCTX_OK, or FARCTX_ERR_REPLAY if it cannot be (NULL: always can) */
+    int32_t (*rewind)(struct farctx_session * s, int64_t n_keep);
+    /* the method's counters */
+    void    (*stats)(const struct farctx_session * s, struct farctx_stats * stats);
+    const void * rule;
+};
+
+/* one row of the method table: the public facts and the operations */
+struct farctx_method_def {
+    struct farctx_method_info info;
+    const struct farctx_method_ops * ops;
+};
+
+/* the row of a method, NULL for an unknown one */
+const struct farctx_method_def * farctx_method_def(int32_t method);
+
+/* the operations of each method (farctx-method-*.c), named in the table (farctx-methods.c) */
+extern const struct farctx_method_ops farctx_vanilla_ops;
+extern const struct farctx_method_ops farctx_lminf_ops;
+extern const struct farctx_method_ops farctx_window_ops;
+extern const struct farctx_method_ops farctx_lambda_only_ops;
+extern const struct farctx_method_ops farctx_rerope_ops;
+extern const struct farctx_method_ops farctx_streaming_ops;
+extern const struct farctx_method_ops farctx_selfextend_ops;
+extern const struct farctx_method_ops farctx_mesa_ops;
 
 struct farctx_session {
     struct llama_context * ctx;
     const struct llama_model * model;
     struct farctx_params params;   /* defaults resolved */
+    const struct farctx_method_ops * ops;
+    void  * state;                 /* the method's own (ops->init / ops->free) */
     int64_t n_past;                /* tokens fed so far                 */
     int32_t n_decode;              /* llama_decode calls                */
-    bool    fill_error;            /* the policy refused a ubatch       */
-    int64_t evicted_to;            /* positions [n_global, evicted_to) left the cache */
-    struct farctx_mesa mesa;
+    bool    fill_error;            /* the method refused a ubatch       */
+    int64_t evicted_to;            /* positions [head, evicted_to) left the cache */
     struct llama_attn_extrap_params custom;  /* the method's graph settings                          */
-    struct llama_attn_extrap_params active;  /* what the context runs now (custom, NONE, mesa middle) */
+    struct llama_attn_extrap_params active;  /* what the context runs now (custom, NONE, per batch)  */
     char    error[FARCTX_ERR_LEN];
 };
 
@@ -54,32 +106,6 @@ int32_t farctx_fail(char * buf, size_t size, int32_t code, const char * fmt, ...
 /* fill 0 / negative fields from the model and the method defaults */
 void farctx_params_resolve(struct farctx_params * p, const struct llama_model * model);
 
-/* policy (farctx-policy.c): the attention mechanism's settings for the method, the fill callback,
- * and the cache it needs */
-int32_t farctx_policy_setup(const struct farctx_session * s, struct llama_attn_extrap_params * out);
-int32_t farctx_policy_fill(void * user_data, struct llama_attn_extrap_ubatch * ub);
-/* the graph settings for a batch of n_tokens (past the plain range): a single query of a method with head
- * tokens (lminf, streaming) reads them as a second segment under its own query (kv_first) */
-void    farctx_policy_batch_params(const struct farctx_session * s, int32_t n_tokens, struct llama_attn_extrap_params * ex);
-/* first position (beyond the global tokens) that the query at next_pos can still read */
-int64_t farctx_policy_first_needed(const struct farctx_session * s, int64_t next_pos);
-/* farctx_method_fixed_cache for the params' method */
-bool farctx_policy_fixed_cache(const struct farctx_params * p);
-/* tokens at the head of the stream that are never evicted (globals, sinks) */
-int32_t farctx_policy_head(const struct farctx_params * p);
-/* queries at positions below this see exactly what vanilla attention shows them (every earlier key,
- * true distances, no scale): the stock graph computes them (no second segment, flash attention) */
-int64_t farctx_policy_plain_below(const struct farctx_session * s);
+/* tokens at the head of the stream that are never evicted (the table's head parameter: globals, sinks) */
+int32_t farctx_params_head(const struct farctx_params * p);
 
-/* Mesa-Extrapolation (farctx-mesa.c) */
-void    farctx_mesa_plan(struct farctx_session * s, int64_t n);
-int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub);
-/* the position where the segment of query i ends (a batch never crosses it) */
-int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i);
-int64_t farctx_mesa_stair_pos(int64_t j, int64_t S, int64_t E);
-/* the graph settings for a batch starting at pos: a middle chunk reads the first chunk as a second
- * segment and only its own cells as the main one (nothing rotated but the first chunk's keys) */
-void    farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex);
-/* before the batch at pos (= n_past): rotate the cached keys in place to what that batch's graph reads as
- * is: stair positions for a stair-regime batch from S - 1 on, true positions for everything else */
-int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos);

@@ -1,69 +1,13 @@
-/* farctx: method names, parameter defaults and validation */
+/* farctx: parameters: defaults, resolution against a model, validation, cache sizing (all from the tables
+ * in farctx-methods.c and the methods' operations) */
 #include "farctx-impl.h"
 
-#include <string.h>
-
-static const char * const k_method_names[FARCTX_METHOD_COUNT] = {
-    [FARCTX_METHOD_VANILLA]     = "vanilla",
-    [FARCTX_METHOD_LMINF]       = "lminf",
-    [FARCTX_METHOD_WINDOW]      = "window",
-    [FARCTX_METHOD_LAMBDA_ONLY] = "lambda-only",
-    [FARCTX_METHOD_REROPE]      = "rerope",
-    [FARCTX_METHOD_STREAMING]   = "streaming",
-    [FARCTX_METHOD_MESA]        = "mesa",
-    [FARCTX_METHOD_SELFEXTEND]  = "selfextend",
-};
-
 struct farctx_params farctx_default_params(void) {
-    struct farctx_params p = {
-        .method       = FARCTX_METHOD_VANILLA,
-        .n_ctx_train  = 0,   /* the model's */
-        .n_global     = 10,
-        .n_local      = 0,   /* n_ctx_train */
-        .n_sink       = 4,
-        .first_chunk  = 100,
-        .stair_width  = 50,
-        .last_context = 512,
-        .gen_budget   = 50,
-        .group        = 0,   /* auto */
-        .neighbor     = 0,   /* auto */
-    };
+    struct farctx_params p = { .method = FARCTX_METHOD_VANILLA };
+    for (int32_t i = 0; i < farctx_param_count(); ++i) {
+        farctx_param_set(&p, i, farctx_param_get_info(i).default_value);
+    }
     return p;
-}
-
-const char * farctx_method_name(int32_t method) {
-    if (method < 0 || method >= FARCTX_METHOD_COUNT) {
-        return NULL;
-    }
-    return k_method_names[method];
-}
-
-int32_t farctx_method_from_name(const char * name) {
-    if (name == NULL) {
-        return -1;
-    }
-    for (int32_t m = 0; m < FARCTX_METHOD_COUNT; ++m) {
-        if (strcmp(name, k_method_names[m]) == 0) {
-            return m;
-        }
-    }
-    return -1;
-}
-
-bool farctx_method_available(int32_t method) {
-    switch (method) {
-        case FARCTX_METHOD_VANILLA:
-        case FARCTX_METHOD_LMINF:
-        case FARCTX_METHOD_WINDOW:
-        case FARCTX_METHOD_LAMBDA_ONLY:
-        case FARCTX_METHOD_REROPE:
-        case FARCTX_METHOD_STREAMING:
-        case FARCTX_METHOD_MESA:
-        case FARCTX_METHOD_SELFEXTEND:
-            return true;
-        default:
-            return false;
-    }
 }
 
 void farctx_params_resolve(struct farctx_params * p, const struct llama_model * model) {
@@ -71,16 +15,18 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
         p->n_ctx_train = llama_model_n_ctx_train(model);
     }
     if (p->n_local <= 0) {
-        /* streaming: sinks plus window fill the trained context */
-        p->n_local = p->method == FARCTX_METHOD_STREAMING ? p->n_ctx_train - p->n_sink : p->n_ctx_train;
+        const struct farctx_method_def * d = farctx_method_def(p->method);
+        const bool own = d != NULL && d->ops != NULL && d->ops->local_default != NULL;
+        p->n_local = own ? d->ops->local_default(p) : p->n_ctx_train;
     }
     if (p->neighbor <= 0) {
         p->neighbor = p->n_ctx_train / 2;
     }
 }
 
-int64_t farctx_params_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch) {
-    if (params == NULL || !farctx_method_fixed_cache(params->method)) {
+int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
+                           int64_t n_prompt, int64_t n_predict) {
+    if (params == NULL || farctx_method_def(params->method) == NULL) {
         return 0;
     }
     struct farctx_params p = *params;
@@ -88,7 +34,11 @@ int64_t farctx_params_cache_cells(const struct farctx_params * params, int32_t n
         p.n_ctx_train = n_ctx_train;
     }
     farctx_params_resolve(&p, NULL);
-    return (int64_t) farctx_policy_head(&p) + p.n_local + n_ubatch;
+    if (farctx_method_fixed_cache(p.method)) {
+        return (int64_t) farctx_params_head(&p) + p.n_local + n_ubatch;
+    }
+    const int64_t stream = (n_prompt > 0 ? n_prompt : 0) + (n_predict > 0 ? n_predict : 0);
+    return stream > 0 ? stream : p.n_ctx_train;
 }
 
 int32_t farctx_params_validate(const struct farctx_params * params, const struct llama_model * model,
@@ -96,33 +46,23 @@ int32_t farctx_params_validate(const struct farctx_params * params, const struct
     if (params == NULL) {
         return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "no parameters");
     }
-    const char * name = farctx_method_name(params->method);
-    if (name == NULL) {
+    const struct farctx_method_def * d = farctx_method_def(params->method);
+    if (d == NULL) {
         return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "unknown method %d", params->method);
     }
 
-    const struct { const char * what; int32_t value; int32_t min; } fields[] = {
-        { "n_ctx_train",  params->n_ctx_train,  0 },
-        { "n_global",     params->n_global,     0 },
-        { "n_local",      params->n_local,      0 },
-        { "n_sink",       params->n_sink,       0 },
-        { "first_chunk",  params->first_chunk,  1 },
-        { "stair_width",  params->stair_width,  1 },
-        { "last_context", params->last_context, 1 },
-        { "gen_budget",   params->gen_budget,   0 },
-        { "group",        params->group,        0 },
-        { "neighbor",     params->neighbor,     0 },
-    };
-    for (size_t i = 0; i < sizeof(fields)/sizeof(fields[0]); ++i) {
-        if (fields[i].value < fields[i].min) {
+    for (int32_t i = 0; i < farctx_param_count(); ++i) {
+        const struct farctx_param_info info = farctx_param_get_info(i);
+        const int32_t value = farctx_param_get(params, i);
+        if (value < info.min_value) {
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "%s must be >= %d (got %d)",
-                               fields[i].what, fields[i].min, fields[i].value);
+                               info.name, info.min_value, value);
         }
     }
 
-    if (!farctx_method_available(params->method)) {
+    if (d->ops == NULL) {
         return farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED,
-                           "method '%s' is not available in this build of farctx", name);
+                           "method '%s' is not available in this build of farctx", d->info.name);
     }
 
     if (model != NULL) {
@@ -132,18 +72,11 @@ int32_t farctx_params_validate(const struct farctx_params * params, const struct
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                                "the model does not declare its trained context length: set n_ctx_train");
         }
-        if (p.method == FARCTX_METHOD_LMINF && p.n_global >= p.n_local) {
-            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-                               "n_global (%d) must be smaller than n_local (%d)", p.n_global, p.n_local);
-        }
-        if (p.method == FARCTX_METHOD_MESA && p.n_ctx_train - 2 * p.first_chunk < 1) {
-            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-                               "first_chunk (%d) must be below half of n_ctx_train (%d): the chunk width is "
-                               "n_ctx_train - 2 first_chunk", p.first_chunk, p.n_ctx_train);
-        }
-        if (p.method == FARCTX_METHOD_SELFEXTEND && (p.neighbor < 1 || p.neighbor >= p.n_ctx_train)) {
-            return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-                               "neighbor (%d) must be between 1 and n_ctx_train - 1 (%d)", p.neighbor, p.n_ctx_train - 1);
+        if (d->ops->validate != NULL) {
+            const int32_t rc = d->ops->validate(&p, err, err_size);
+            if (rc != FARCTX_OK) {
+                return rc;
+            }
         }
         if (p.n_local < 1) {
             return farctx_fail(err, err_size, FARCTX_ERR_PARAM,

@@ -18,6 +18,13 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     if (farctx_params_validate(params, model, err, err_size) != FARCTX_OK) {
         return NULL;
     }
+    char why[FARCTX_ERR_LEN];
+    if (farctx_method_supported(params->method, model, why, sizeof(why)) != FARCTX_OK) {
+        farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run on this model (%s): it needs causal "
+                    "attention with RoPE over one unified KV cache", farctx_method_name(params->method), why);
+        return NULL;
+    }
+    const struct farctx_method_def * method = farctx_method_def(params->method);
 
     struct farctx_session * s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -26,51 +33,42 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     }
     s->ctx    = ctx;
     s->model  = model;
+    s->ops    = method->ops;
     s->params = *params;
     farctx_params_resolve(&s->params, model);
-    if (s->params.method == FARCTX_METHOD_SELFEXTEND && s->params.group <= 0) {
-        /* groups wide enough that the whole cache maps inside the trained context */
-        const int64_t W = s->params.neighbor, L = s->params.n_ctx_train, n = llama_n_ctx(ctx);
-        const int64_t G = n > W ? (n - W + (L - W) - 1) / (L - W) : 1;
-        s->params.group = (int32_t) (G > 1 ? G : 1);
+    if (s->ops->init != NULL && s->ops->init(s, err, err_size) != FARCTX_OK) {
+        free(s);
+        return NULL;
     }
 
     struct llama_attn_extrap_params ex;
-    farctx_policy_setup(s, &ex);
+    s->ops->setup(s, &ex);
     s->custom = ex;
     s->active = ex;
-    const int32_t rc = llama_set_attn_extrap(ctx, &ex);  /* also checks that the model can run it */
+    const int32_t rc = llama_set_attn_extrap(ctx, &ex);  /* llama.cpp's own check of the model and context */
     if (rc != LLAMA_ATTN_EXTRAP_OK) {
         farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run here: %s",
-            farctx_method_name(s->params.method),
+            method->info.name,
             rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model "
                                                   "with one unified KV cache: no recurrent, MLA, M-RoPE or "
                                                   "sliding-window layers)" :
             rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context has several KV streams (use n_seq_max = 1)" :
                                                   "llama.cpp refused the attention parameters");
+        if (s->ops->free != NULL) {
+            s->ops->free(s);
+        }
         free(s);
         return NULL;
     }
 
-    if (s->params.method == FARCTX_METHOD_MESA) {
-        /* per position of the cache: the in-place key rotation to apply (farctx_mesa_rotate_cache) */
-        s->mesa.k_step = calloc(llama_n_ctx(ctx), sizeof(int32_t));
-        if (s->mesa.k_step == NULL) {
-            farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
-            farctx_session_free(s);
-            return NULL;
-        }
-    }
-
-    if (farctx_policy_fixed_cache(&s->params)) {
-        const int32_t head = farctx_policy_head(&s->params);
-        const int64_t need = farctx_params_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx));
+    if (method->info.fixed_cache) {
+        const int32_t head = farctx_params_head(&s->params);
+        const int64_t need = farctx_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx), 0, 0);
         if ((int64_t) llama_n_ctx(ctx) < need) {
             farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                 "the KV cache holds %u cells, %s needs %s + n_local + n_ubatch = %d + %d + %u = %lld: "
-                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx),
-                farctx_method_name(s->params.method),
-                s->params.method == FARCTX_METHOD_STREAMING ? "n_sink" : "n_global",
+                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx), method->info.name,
+                method->info.head_param >= 0 ? farctx_param_get_info(method->info.head_param).name : "0",
                 head, s->params.n_local, llama_n_ubatch(ctx), (long long) need);
             farctx_session_free(s);
             return NULL;
@@ -82,6 +80,14 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     return s;
 }
 
+static bool fixed_cache(const struct farctx_session * s) {
+    return farctx_method_fixed_cache(s->params.method);
+}
+
+static int64_t first_needed(const struct farctx_session * s, int64_t next_pos) {
+    return s->ops->first_needed != NULL ? s->ops->first_needed(&s->params, next_pos) : 0;
+}
+
 void farctx_session_free(struct farctx_session * session) {
     if (session == NULL) {
         return;
@@ -89,7 +95,9 @@ void farctx_session_free(struct farctx_session * session) {
     /* the context may outlive the session: leave it with the stock graph */
     struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
     llama_set_attn_extrap(session->ctx, &none);
-    free(session->mesa.k_step);
+    if (session->ops->free != NULL) {
+        session->ops->free(session);
+    }
     free(session);
 }
 
@@ -106,7 +114,7 @@ static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
             "the stream would pass %lld tokens: llama.cpp positions are 32-bit (at most %d)",
             (long long) need, INT32_MAX);
     }
-    if (farctx_policy_fixed_cache(&s->params)) {
+    if (fixed_cache(s)) {
         return FARCTX_OK;  /* evicts as it goes */
     }
     if (need > n_ctx) {
@@ -146,10 +154,10 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         return rc;
     }
 
-    const bool    fixed   = farctx_policy_fixed_cache(&s->params);
-    const bool    mesa    = s->params.method == FARCTX_METHOD_MESA;
-    if (mesa && (s->n_past == 0 || !s->mesa.planned)) {
-        farctx_mesa_plan(s, s->n_past == 0 ? n_tokens : s->n_past);  /* the prompt is the first feed */
+    const bool fixed = fixed_cache(s);
+    const struct farctx_method_ops * ops = s->ops;
+    if (ops->begin_feed != NULL) {
+        ops->begin_feed(s, n_tokens);
     }
     /* a fixed-size cache evicts between calls: one ubatch per llama_decode */
     const int32_t n_batch = (int32_t) (fixed ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
@@ -160,8 +168,8 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
 
     for (int32_t done = 0; done < n_tokens; ) {
         int32_t n = (n_tokens - done < n_batch) ? n_tokens - done : n_batch;
-        if (mesa) {  /* one segment (chunk, or stair block) per llama_decode */
-            const int64_t room = farctx_mesa_segment_end(s, s->n_past) - s->n_past;
+        if (ops->segment_end != NULL) {  /* one segment of the method per llama_decode */
+            const int64_t room = ops->segment_end(s, s->n_past) - s->n_past;
             n = room < n ? (int32_t) room : n;
         }
         const bool last_chunk = done + n == n_tokens;
@@ -177,8 +185,8 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
 
         if (fixed) {
             /* keys that no query from here on reads: positions [n_global, first needed) */
-            const int64_t first = farctx_policy_first_needed(s, s->n_past);
-            const int32_t head = farctx_policy_head(&s->params);
+            const int64_t first = first_needed(s, s->n_past);
+            const int32_t head = farctx_params_head(&s->params);
             if (first > head && first > s->evicted_to) {
                 llama_memory_seq_rm(mem, 0, head, (llama_pos) first);
                 s->evicted_to = first;
@@ -187,13 +195,10 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
 
         /* while every query of the batch sees what vanilla attention shows it, the stock graph runs
          * (one segment, flash attention where enabled): as fast as stock llama.cpp */
-        const bool plain = s->params.method != FARCTX_METHOD_VANILLA &&
-                           s->n_past + n <= farctx_policy_plain_below(s);
+        const bool plain = s->n_past + n <= ops->plain_below(s);
         struct llama_attn_extrap_params ex = plain ? llama_attn_extrap_default_params() : s->custom;
-        if (mesa && !plain) {
-            farctx_mesa_batch_params(s, s->n_past, &ex);
-        } else if (!plain) {
-            farctx_policy_batch_params(s, n, &ex);
+        if (!plain && ops->batch_params != NULL) {
+            ops->batch_params(s, s->n_past, n, &ex);
         }
         if (!same_graph(&ex, &s->active)) {
             const int32_t rc = llama_set_attn_extrap(s->ctx, &ex);
@@ -205,8 +210,8 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             s->active = ex;
         }
 
-        if (mesa) {
-            const int32_t rc = farctx_mesa_rotate_cache(s, s->n_past);
+        if (ops->before_decode != NULL) {
+            const int32_t rc = ops->before_decode(s, s->n_past);
             if (rc != FARCTX_OK) {
                 llama_batch_free(batch);
                 return rc;
@@ -217,7 +222,7 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
         if (ret == 0 && s->fill_error) {
-            /* the policy refused the ubatch (its message is in s->error): nothing of it stays */
+            /* the method refused the ubatch (its message is in s->error): nothing of it stays */
             llama_batch_free(batch);
             llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
             return FARCTX_ERR_PARAM;
@@ -262,27 +267,26 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
         return farctx_session_fail(s, FARCTX_ERR_PARAM, "cannot rewind to %lld: the stream has %lld tokens",
                                    (long long) n_keep, (long long) s->n_past);
     }
-    int64_t needed = farctx_policy_first_needed(s, n_keep);
-    if (needed < farctx_policy_head(&s->params)) {
-        needed = farctx_policy_head(&s->params);
+    const int32_t head = farctx_params_head(&s->params);
+    int64_t needed = first_needed(s, n_keep);
+    if (needed < head) {
+        needed = head;
     }
     /* the keys [needed, n_keep) must still be there: evicted are [head, evicted_to) */
-    if (farctx_policy_fixed_cache(&s->params) && needed < s->evicted_to && needed < n_keep) {
+    if (fixed_cache(s) && needed < s->evicted_to && needed < n_keep) {
         return farctx_session_fail(s, FARCTX_ERR_REPLAY,
             "cannot rewind to %lld: the keys it needs left the cache (positions up to %lld were evicted)",
             (long long) n_keep, (long long) s->evicted_to - 1);
     }
-    if (s->params.method == FARCTX_METHOD_MESA && s->mesa.planned && n_keep > 0 && n_keep < s->mesa.n) {
-        return farctx_session_fail(s, FARCTX_ERR_REPLAY,
-            "cannot rewind to %lld inside a chunked prompt of %lld tokens: feed it again from the start",
-            (long long) n_keep, (long long) s->mesa.n);
+    if (s->ops->rewind != NULL) {
+        const int32_t rc = s->ops->rewind(s, n_keep);
+        if (rc != FARCTX_OK) {
+            return rc;
+        }
     }
     llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
     s->n_past = n_keep;
-    if (n_keep == 0) {
-        s->mesa.planned = false;  /* the next feed is a new prompt */
-    }
-    if (n_keep <= farctx_policy_head(&s->params)) {
+    if (n_keep <= head) {
         s->evicted_to = 0;  /* only head tokens remain: nothing of the stream is missing */
     }
     return FARCTX_OK;
@@ -300,8 +304,9 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
     stats->n_ctx_train  = s->params.n_ctx_train;
     stats->n_decode     = s->n_decode;
     stats->kv_bytes     = llama_memory_n_bytes(mem);
-    stats->n_stair_moves = s->mesa.n_stair_moves;
-    stats->n_cache_rotations = s->mesa.n_cache_rotations;
+    if (s->ops->stats != NULL) {
+        s->ops->stats(s, stats);
+    }
 }
 
 struct farctx_params farctx_session_params(const struct farctx_session * s) {

@@ -51,23 +51,69 @@ enum farctx_status {
     FARCTX_ERR_REPLAY      = -6  /* cannot rewind there: feed the stream again from token 0 */
 };
 
-/* 0 or negative: taken from the model or the method's default (see farctx_default_params) */
+/*
+ * A method and its parameters. Each parameter's meaning, default, minimum and the methods that read
+ * it are in the parameter table (farctx_param_get_info); 0 means "from the model or the method".
+ */
 struct farctx_params {
-    int32_t method;            /* enum farctx_method                                     */
-    int32_t n_ctx_train;       /* trained context L_tr; 0 = the model's                  */
-    int32_t n_global;          /* LM-Infinite global tokens G (default 10)               */
-    int32_t n_local;           /* local window L (lminf, window, lambda-only, rerope: 0 = L_tr;
-                                  streaming: the window R including the query, 0 = L_tr - n_sink) */
-    int32_t n_sink;            /* StreamingLLM sinks S (default 4)                       */
-    int32_t first_chunk;       /* Mesa first chunk F (default 100)                       */
-    int32_t stair_width;       /* Mesa stair width E (default 50)                        */
-    int32_t last_context;      /* Mesa last context (default 512)                        */
-    int32_t gen_budget;        /* Mesa reserved generation budget (default 50)           */
-    int32_t group;             /* SelfExtend group Gs; 0 = ceil((n_ctx - W) / (L_tr - W)) */
-    int32_t neighbor;          /* SelfExtend neighbour window W; 0 = L_tr / 2            */
+    int32_t method;            /* enum farctx_method */
+    int32_t n_ctx_train;
+    int32_t n_global;
+    int32_t n_local;
+    int32_t n_sink;
+    int32_t first_chunk;
+    int32_t stair_width;
+    int32_t last_context;
+    int32_t gen_budget;
+    int32_t group;
+    int32_t neighbor;
 };
 
 FARCTX_API struct farctx_params farctx_default_params(void);
+
+/*
+ * The method table: every fact about a method lives in libfarctx and is read from here (the Python
+ * parameters, the CLI options, the server's request fields, cache sizing and `farctx info`).
+ */
+
+/* kinds of model, as bits of farctx_method_info.model_kinds (farctx_model_kind tells a model's) */
+enum farctx_model_kind {
+    FARCTX_MODEL_ROPE      = 1,  /* causal full attention with RoPE over one unified KV cache       */
+    FARCTX_MODEL_SWA       = 2,  /* sliding-window attention layers                                */
+    FARCTX_MODEL_RECURRENT = 4,  /* recurrent or hybrid (attention + recurrent) layers             */
+    FARCTX_MODEL_OTHER     = 8,  /* MLA, M-RoPE, no RoPE, non-causal attention                     */
+    FARCTX_MODEL_ANY       = 15
+};
+
+struct farctx_method_info {
+    const char * name;         /* "lminf"; NULL for an unknown method                              */
+    const char * help;         /* one line                                                         */
+    bool     fixed_cache;      /* streams through a fixed-size cache (head + n_local + n_ubatch cells),
+                                  evicting what no query reads again; otherwise the whole stream stays */
+    bool     stock_graph;      /* llama.cpp's own graph (the baseline: no extrapolation)           */
+    int32_t  head_param;       /* parameter index of the head tokens never evicted (n_global, n_sink); -1: none */
+    uint32_t model_kinds;      /* enum farctx_model_kind bits: the models it can run on            */
+};
+
+FARCTX_API int32_t farctx_method_count(void);
+FARCTX_API struct farctx_method_info farctx_method_get_info(int32_t method);
+
+/* the int32_t fields of struct farctx_params after `method`, by index 0 .. farctx_param_count() - 1 */
+struct farctx_param_info {
+    const char * name;         /* the field; also the keyword argument, request field, CLI --name-with-dashes */
+    const char * help;         /* one line (what 0 means where it is "auto")                       */
+    int32_t  default_value;    /* what farctx_default_params() sets                                */
+    int32_t  min_value;        /* smallest valid value                                             */
+    uint32_t methods;          /* bit (1 << method) set: the method reads it                       */
+    size_t   offset;           /* offsetof(struct farctx_params, name)                             */
+};
+
+FARCTX_API int32_t farctx_param_count(void);
+/* name NULL for an index out of range */
+FARCTX_API struct farctx_param_info farctx_param_get_info(int32_t i);
+FARCTX_API int32_t farctx_param_get(const struct farctx_params * params, int32_t i);
+/* false for an index out of range */
+FARCTX_API bool farctx_param_set(struct farctx_params * params, int32_t i, int32_t value);
 
 /* "vanilla", "lminf", ...; NULL for an unknown value */
 FARCTX_API const char * farctx_method_name(int32_t method);
@@ -75,9 +121,33 @@ FARCTX_API const char * farctx_method_name(int32_t method);
 FARCTX_API int32_t farctx_method_from_name(const char * name);
 /* whether this build implements the method at all */
 FARCTX_API bool farctx_method_available(int32_t method);
-/* whether the method streams through a fixed-size cache (evicting what no query reads again):
- * its streams are not limited by the cache size */
+/* farctx_method_get_info(method).fixed_cache */
 FARCTX_API bool farctx_method_fixed_cache(int32_t method);
+
+/*
+ * The kind of a model (one enum farctx_model_kind bit) from llama.h's accessors; a model loaded
+ * memory-mapped on the CPU is enough (vocab_only skips the hyperparameters). why: a short phrase for anything but FARCTX_MODEL_ROPE
+ * ("sliding-window layers"), "" otherwise.
+ */
+FARCTX_API int32_t farctx_model_kind(const struct llama_model * model, char * why, size_t why_size);
+
+/*
+ * Whether the method can run on this model in this build: FARCTX_OK, or FARCTX_ERR_UNSUPPORTED /
+ * FARCTX_ERR_PARAM with the reason in err (a short phrase: "sliding-window layers"). The check
+ * farctx_session_init makes before it sets anything up.
+ */
+FARCTX_API int32_t farctx_method_supported(int32_t method, const struct llama_model * model,
+                                           char * err, size_t err_size);
+
+/*
+ * KV cells a stream needs under params, for a model trained on n_ctx_train tokens (used when
+ * params->n_ctx_train is 0):
+ *   fixed-cache methods: head + n_local + n_ubatch, whatever the stream's length;
+ *   the others (vanilla, rerope, mesa, selfextend) keep the whole stream: n_prompt + n_predict,
+ *   or n_ctx_train when the stream's length is not known (both 0).
+ */
+FARCTX_API int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
+                                      int64_t n_prompt, int64_t n_predict);
 
 /*
  * Check params against a model (NULL: the parameters alone). Returns FARCTX_OK or an error
@@ -93,12 +163,6 @@ FARCTX_API int32_t farctx_params_validate(
  * chunked; chunk = the middle-chunk width C, n_middle = the number N of middle chunks.
  */
 FARCTX_API bool farctx_mesa_schedule(const struct farctx_params * params, int64_t n, int64_t * chunk, int64_t * n_middle);
-
-/*
- * KV cells a fixed-size-cache method needs (head tokens + n_local + n_ubatch) for a model trained
- * on n_ctx_train tokens (used when params->n_ctx_train is 0); 0 for the other methods.
- */
-FARCTX_API int64_t farctx_params_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch);
 
 /* progress of a long feed: return false to cancel (the tokens fed so far stay in the cache) */
 typedef bool (*farctx_progress_cb)(void * user_data, int64_t n_done, int64_t n_total);

@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import _paths
 from .errors import FarctxError, NoSpaceError
-from .methods import METHODS, MethodParams
 from .models import ModelInfo, default_model_path, model_info
 
 __all__ = [
@@ -36,34 +36,38 @@ except FarctxError:
 
 
 def __getattr__(name: str) -> Any:
-    # the engine loads the native libraries: only when asked for
+    # the engine and the method table load the native libraries: only when asked for
     if name == "Llama":
         from .engine import Llama
 
         return Llama
+    if name in ("METHODS", "MethodParams"):
+        from . import methods
+
+        return getattr(methods, name)
     raise AttributeError(name)
 
 
-def method_support(info: ModelInfo) -> dict[str, str]:
-    """For each method: "yes", or why it cannot run on this model in this build."""
-    from ._native import native
+def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
+    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
+    from .engine import load_model_params_only
 
-    n = native()
-    result = {}
-    for method in METHODS:
-        code = n.lib.farctx_method_from_name(method.encode())
-        if not n.lib.farctx_method_available(code):
-            result[method] = "not available in this build"
-        elif method != "vanilla" and info.sliding_window:
-            result[method] = "no: sliding-window layers"
-        else:
-            result[method] = "yes"
+    path = model.path if isinstance(model, ModelInfo) else model
+    with load_model_params_only(path) as (nat, c_model):
+        err = nat.ffi.new("char[]", 512)
+        result = {}
+        for code in range(nat.lib.farctx_method_count()):
+            name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
+            rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
+            result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
     return result
 
 
 def native_mesa_schedule(n: int, **params: int) -> tuple[bool, int, int]:
     """libfarctx's Mesa split of an n-token prompt: (chunked, chunk width C, middle chunks N)."""
     from ._native import native
+    from .methods import MethodParams
 
     nat = native()
     c = MethodParams.from_kwargs("mesa", params).to_c(nat.ffi, nat.lib)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -56,13 +57,33 @@ def _check_kv_types(kwargs: dict[str, Any]) -> None:
         raise FarctxError("a quantized V cache (-ctv) needs flash attention (-fa on)")
 
 
+@contextmanager
+def load_model_params_only(model_path: Optional[str | os.PathLike[str]]) -> Iterator[tuple[Any, Any]]:
+    """The model loaded as cheaply as llama.cpp allows while it still knows the hyperparameters
+    (memory-mapped on the CPU: vocab_only skips the hyperparameters, no_alloc refuses a CPU load), as
+    (native, cffi llama_model pointer); freed on exit."""
+    path = resolve_model_path(model_path)
+    check_gguf(path)
+    lc = _N.llama_cpp
+    params = lc.llama_model_default_params()
+    params.n_gpu_layers = 0
+    params.use_mmap = True
+    _LOG.clear()
+    model = lc.llama_model_load_from_file(str(path).encode("utf-8"), params)
+    if not model:
+        raise FarctxError(f"llama.cpp could not load {path}: {_LOG.reason() or 'unknown error'}")
+    try:
+        yield _N, _N.llama_model_ptr(model)
+    finally:
+        lc.llama_model_free(model)
+
+
 class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
     """A drop-in for `llama_cpp.Llama` that runs a farctx attention method.
 
     `model_path=None` loads the bundled default model. `method` is one of farctx.METHODS;
-    the method's parameters (n_global, n_local, n_sink, first_chunk, stair_width,
-    last_context, gen_budget, group, neighbor, n_ctx_train) are keyword arguments, and every
-    other keyword argument is llama_cpp.Llama's.
+    the method's parameters (`farctx.MethodParams.names()`, from libfarctx's table) are keyword
+    arguments, and every other keyword argument is llama_cpp.Llama's.
     """
 
     def __init__(
@@ -90,10 +111,10 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         if fixed_cache and not kwargs.get("n_ctx"):
             # the cache these methods need, not the length of the text: head + n_local + n_ubatch
             n_ubatch = min(kwargs.get("n_ubatch", 512), kwargs.get("n_batch", 512))
-            kwargs["n_ctx"] = int(_lib.farctx_params_cache_cells(c_params, n_ctx_train(path), n_ubatch))
+            kwargs["n_ctx"] = int(_lib.farctx_cache_cells(c_params, n_ctx_train(path), n_ubatch, 0, 0))
         elif fixed_cache and "n_ubatch" not in kwargs:
             # a given cache: let the ubatch take the room that head + n_local leave (at most 512)
-            room = kwargs["n_ctx"] - int(_lib.farctx_params_cache_cells(c_params, n_ctx_train(path), 0))
+            room = kwargs["n_ctx"] - int(_lib.farctx_cache_cells(c_params, n_ctx_train(path), 0, 0, 0))
             if 0 < room < min(512, kwargs.get("n_batch", 512)):
                 kwargs["n_ubatch"] = room
         kwargs.setdefault("verbose", False)

@@ -1,49 +1,114 @@
-"""Attention methods and their parameters (DESIGN.md section 1), as the native layer sees them."""
+"""Attention methods and their parameters (DESIGN.md section 1), read from libfarctx's method table.
+
+Nothing here knows a method or a parameter by name: `METHODS`, `MethodParams` (its fields, defaults
+and `relevant()`), the CLI options, the server's request fields and the llm plugin's options are all
+built from `farctx_method_get_info` / `farctx_param_get_info`, and cache sizes come from
+`farctx_cache_cells`. The table is read on first use (it loads the native libraries).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import asdict, dataclass, fields, make_dataclass
+from functools import lru_cache
+from typing import Any, Optional
 
 from .errors import FarctxError
 
-METHODS: tuple[str, ...] = (
-    "vanilla",
-    "lminf",
-    "window",
-    "lambda-only",
-    "rerope",
-    "streaming",
-    "mesa",
-    "selfextend",
-)
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """One row of libfarctx's method table."""
+
+    name: str
+    help: str
+    fixed_cache: bool  # a fixed-size cache that evicts (else the whole stream stays in the cache)
+    stock_graph: bool  # llama.cpp's own graph: the baseline, no extrapolation
+    head: Optional[str]  # the parameter counting the head tokens never evicted (n_global, n_sink)
+    model_kinds: int  # enum farctx_model_kind bits
 
 
-@dataclass
-class MethodParams:
+@dataclass(frozen=True)
+class ParamInfo:
+    """One row of libfarctx's parameter table."""
+
+    name: str
+    help: str
+    default: int
+    minimum: int
+    methods: tuple[str, ...]  # the methods that read it
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def option_help(self, all_methods: tuple[str, ...]) -> str:
+        """One line for a CLI option or a request field: who reads it, what it is, its default."""
+        who = "" if self.methods == all_methods else "/".join(self.methods) + ": "
+        default = f" (default {self.default})" if self.default else ""
+        return f"{who}{self.help}{default}"
+
+
+def _native() -> Any:
+    from ._native import native
+
+    return native()
+
+
+@lru_cache(maxsize=1)
+def _tables() -> tuple[tuple[MethodInfo, ...], tuple[ParamInfo, ...]]:
+    n = _native()
+    ffi, lib = n.ffi, n.lib
+
+    def text(p: Any) -> str:
+        return ffi.string(p).decode()
+
+    raw_methods = [lib.farctx_method_get_info(m) for m in range(lib.farctx_method_count())]
+    names = [text(r.name) for r in raw_methods]
+    raw_params = [lib.farctx_param_get_info(i) for i in range(lib.farctx_param_count())]
+    params = tuple(
+        ParamInfo(text(r.name), text(r.help), int(r.default_value), int(r.min_value),
+                  tuple(name for m, name in enumerate(names) if r.methods & (1 << m)))
+        for r in raw_params
+    )
+    methods = tuple(
+        MethodInfo(names[m], text(r.help), bool(r.fixed_cache), bool(r.stock_graph),
+                   params[r.head_param].name if r.head_param >= 0 else None, int(r.model_kinds))
+        for m, r in enumerate(raw_methods)
+    )
+    return methods, params
+
+
+def method_infos() -> dict[str, MethodInfo]:
+    return {m.name: m for m in _tables()[0]}
+
+
+def param_infos() -> tuple[ParamInfo, ...]:
+    return _tables()[1]
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(method_infos())
+
+
+def fixed_cache(method: str) -> bool:
+    return method_infos()[method].fixed_cache
+
+
+class _MethodParamsBase:
     """Parameters of an attention method; 0 means "from the model or the method's default"."""
 
-    method: str = "vanilla"
-    n_ctx_train: int = 0
-    n_global: int = 10
-    n_local: int = 0
-    n_sink: int = 4
-    first_chunk: int = 100
-    stair_width: int = 50
-    last_context: int = 512
-    gen_budget: int = 50
-    group: int = 0
-    neighbor: int = 0
+    method: str
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "method"]
+        return [p.name for p in param_infos()]
 
     @classmethod
-    def from_kwargs(cls, method: str, values: dict[str, Any]) -> "MethodParams":
-        if method not in METHODS:
-            raise FarctxError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
-        params = cls(method=method)
+    def from_kwargs(cls, method: str, values: dict[str, Any]) -> Any:
+        methods = method_names()
+        if method not in methods:
+            raise FarctxError(f"unknown method '{method}' (choose from {', '.join(methods)})")
+        params = cls(method=method)  # type: ignore[call-arg]
         for name, value in values.items():
             if value is None:
                 continue
@@ -57,37 +122,51 @@ class MethodParams:
     def to_c(self, ffi: Any, lib: Any) -> Any:
         c = ffi.new("struct farctx_params *", lib.farctx_default_params())
         c.method = lib.farctx_method_from_name(self.method.encode())
-        for name in self.names():
-            setattr(c, name, getattr(self, name))
+        for i, name in enumerate(self.names()):
+            lib.farctx_param_set(c, i, getattr(self, name))
         return c
 
     @classmethod
-    def from_c(cls, c: Any, ffi: Any, lib: Any) -> "MethodParams":
-        method = ffi.string(lib.farctx_method_name(c.method)).decode()
-        return cls(method=method, **{name: int(getattr(c, name)) for name in cls.names()})
+    def from_c(cls, c: Any, ffi: Any, lib: Any) -> Any:
+        ptr = ffi.new("struct farctx_params *", c)
+        method = ffi.string(lib.farctx_method_name(ptr.method)).decode()
+        return cls(method=method, **{name: int(lib.farctx_param_get(ptr, i))  # type: ignore[call-arg]
+                                     for i, name in enumerate(cls.names())})
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self)  # type: ignore[call-overload, no-any-return]
 
     def relevant(self) -> dict[str, int]:
         """The parameters this method reads, with their values in force."""
-        return {name: getattr(self, name) for name in _RELEVANT[self.method]}
+        return {p.name: getattr(self, p.name) for p in param_infos() if self.method in p.methods}
 
     def describe(self) -> str:
         values = ", ".join(f"{k} {v}" for k, v in self.relevant().items())
         return f"{self.method} ({values})"
 
 
-_RELEVANT: dict[str, tuple[str, ...]] = {
-    "vanilla": ("n_ctx_train",),
-    "lminf": ("n_ctx_train", "n_global", "n_local"),
-    "window": ("n_ctx_train", "n_local"),
-    "lambda-only": ("n_ctx_train", "n_global", "n_local"),
-    "rerope": ("n_ctx_train", "n_local"),
-    "streaming": ("n_ctx_train", "n_sink", "n_local"),
-    "mesa": ("n_ctx_train", "first_chunk", "stair_width", "last_context", "gen_budget"),
-    "selfextend": ("n_ctx_train", "group", "neighbor"),
-}
+@lru_cache(maxsize=1)
+def _method_params_class() -> type:
+    spec: list[Any] = [("method", str, "vanilla")] + [(p.name, int, p.default) for p in param_infos()]
+    cls = make_dataclass("MethodParams", spec, bases=(_MethodParamsBase,), namespace={"__module__": __name__})
+    cls.__doc__ = _MethodParamsBase.__doc__
+    assert [f.name for f in fields(cls)][1:] == cls.names()
+    return cls
 
-# methods that keep every token in the cache beyond the trained context
-WHOLE_STREAM_METHODS = ("rerope", "mesa", "selfextend")
+
+def cache_cells(params: Any, n_ctx_train: int, n_ubatch: int, n_prompt: int = 0, n_predict: int = 0) -> int:
+    """KV cells a stream needs (libfarctx's farctx_cache_cells): fixed-cache methods head + n_local +
+    n_ubatch; the others the whole stream, n_prompt + n_predict (n_ctx_train when both are 0)."""
+    n = _native()
+    return int(n.lib.farctx_cache_cells(params.to_c(n.ffi, n.lib), n_ctx_train, n_ubatch, n_prompt, n_predict))
+
+
+def __getattr__(name: str) -> Any:
+    # METHODS, MethodParams, WHOLE_STREAM_METHODS: built from the native table on first use
+    if name == "METHODS":
+        return method_names()
+    if name == "MethodParams":
+        return _method_params_class()
+    if name == "WHOLE_STREAM_METHODS":  # the extrapolating methods that keep every token in the cache
+        return tuple(m.name for m in method_infos().values() if not m.fixed_cache and not m.stock_graph)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

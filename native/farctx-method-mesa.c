@@ -20,10 +20,33 @@
 #include "farctx-impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 
-void farctx_mesa_plan(struct farctx_session * s, int64_t n) {
+/* the plan of the current prompt and the cache's rotation (per session: no module-level state) */
+struct farctx_mesa {
+    bool    planned;
+    bool    chunked;        /* the prompt is past L_tr - gen_budget            */
+    int64_t n;              /* prompt length                                   */
+    int64_t C;              /* chunk width                                     */
+    int64_t N;              /* middle chunks                                   */
+    int64_t last_S;         /* stair boundary of the last ubatch (-1: none)    */
+    int32_t n_stair_moves;  /* times the boundary moved forward                */
+    /* from S - 1 on (the last chunk's tail, generated tokens) the graph reads the cache as is, its keys
+     * rotated in place to their stair positions. rot_S: the stair boundary the cached keys sit at (key j
+     * at stair_pos(j, rot_S); 0: true positions). It holds for every cell: cells written later sit at or
+     * above the batch's S - 1, where the stair is the identity, and a rewind only removes cells */
+    int64_t rot_S;
+    int32_t * k_step;       /* scratch: the rotation to apply per position */
+    int32_t n_cache_rotations; /* times the cache was rotated in place         */
+};
+
+static struct farctx_mesa * mesa_of(const struct farctx_session * s) {
+    return (struct farctx_mesa *) s->state;
+}
+
+static void plan(struct farctx_session * s, int64_t n) {
     const struct farctx_params * p = &s->params;
-    struct farctx_mesa * m = &s->mesa;
+    struct farctx_mesa * m = mesa_of(s);
     const int64_t F  = p->first_chunk;
     const int64_t C0 = p->n_ctx_train - 2 * F;
 
@@ -51,13 +74,15 @@ void farctx_mesa_plan(struct farctx_session * s, int64_t n) {
 }
 
 bool farctx_mesa_schedule(const struct farctx_params * params, int64_t n, int64_t * chunk, int64_t * n_middle) {
+    struct farctx_mesa m = { 0 };
     struct farctx_session s = { 0 };
     s.params = *params;
+    s.state  = &m;
     farctx_params_resolve(&s.params, NULL);
-    farctx_mesa_plan(&s, n);
-    *chunk    = s.mesa.C;
-    *n_middle = s.mesa.N;
-    return s.mesa.chunked;
+    plan(&s, n);
+    *chunk    = m.C;
+    *n_middle = m.N;
+    return m.chunked;
 }
 
 /* the regime of query i, and what it needs */
@@ -69,7 +94,7 @@ struct mesa_row {
 
 static struct mesa_row mesa_row(const struct farctx_session * s, int64_t i) {
     const struct farctx_params * p = &s->params;
-    const struct farctx_mesa * m = &s->mesa;
+    const struct farctx_mesa * m = mesa_of(s);
     struct mesa_row r = { 0, 0, 0 };
     const int64_t F = p->first_chunk;
     if (m->chunked && i < m->n) {
@@ -93,13 +118,13 @@ static struct mesa_row mesa_row(const struct farctx_session * s, int64_t i) {
     return r;
 }
 
-int64_t farctx_mesa_stair_pos(int64_t j, int64_t S, int64_t E) {
+static int64_t stair_pos(int64_t j, int64_t S, int64_t E) {
     return j >= S ? j : (S - 1) - (S - 1 - j) / E;
 }
 
-int64_t farctx_mesa_segment_end(const struct farctx_session * s, int64_t i) {
+static int64_t segment_end(const struct farctx_session * s, int64_t i) {
     const struct farctx_params * p = &s->params;
-    const struct farctx_mesa * m = &s->mesa;
+    const struct farctx_mesa * m = mesa_of(s);
     const int64_t F = p->first_chunk;
     if (m->chunked && i < F) {
         return F;
@@ -134,8 +159,8 @@ static bool stair_in_place(struct mesa_row r, int64_t pos) {
     return r.kind == 2 && pos >= r.S - 1;
 }
 
-int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
-    struct farctx_mesa * m = &s->mesa;
+static int32_t rotate_cache(struct farctx_session * s, int64_t pos) {
+    struct farctx_mesa * m = mesa_of(s);
     const struct mesa_row r = mesa_row(s, pos);
     const int64_t S = stair_in_place(r, pos) ? r.S : 0;  /* the stair this batch reads; 0: true positions */
     if (S == m->rot_S) {
@@ -144,7 +169,7 @@ int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
     const int64_t E = s->params.stair_width;
     bool any = false;
     for (int64_t j = 0; j < pos; ++j) {
-        m->k_step[j] = (int32_t) (farctx_mesa_stair_pos(j, S, E) - farctx_mesa_stair_pos(j, m->rot_S, E));
+        m->k_step[j] = (int32_t) (stair_pos(j, S, E) - stair_pos(j, m->rot_S, E));
         any |= m->k_step[j] != 0;
     }
     /* applied by the K-shift at the start of the next llama_decode */
@@ -156,10 +181,11 @@ int32_t farctx_mesa_rotate_cache(struct farctx_session * s, int64_t pos) {
     return FARCTX_OK;
 }
 
-void farctx_mesa_batch_params(const struct farctx_session * s, int64_t pos, struct llama_attn_extrap_params * ex) {
+static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n_tokens, struct llama_attn_extrap_params * ex) {
+    (void) n_tokens;
     const struct mesa_row r = mesa_row(s, pos);
     if (stair_in_place(r, pos)) {
-        ex->use_k_delta = false;  /* farctx_mesa_rotate_cache put the keys at their stair positions */
+        ex->use_k_delta = false;  /* rotate_cache put the keys at their stair positions */
         return;
     }
     if (r.kind != 1) {
@@ -210,7 +236,8 @@ static int32_t fill_middle(struct farctx_session * s, struct llama_attn_extrap_u
     return 0;
 }
 
-int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub) {
+static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
+    struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
     const struct mesa_row r = mesa_row(s, ub->q_pos[0]);
     const double log_train = log((double) p->n_ctx_train);
@@ -226,13 +253,13 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
             return 1;
         }
     }
-    /* the settings of farctx_mesa_batch_params: two segments for a middle chunk, the scale and key deltas
+    /* the settings of batch_params: two segments for a middle chunk, the scale and key deltas
      * otherwise (no key deltas where the cache holds the stair) */
     const bool in_place = stair_in_place(r, ub->q_pos[0]);
     if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->q_scale == NULL || in_place != (ub->k_delta == NULL))) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context's attention settings do not match the chunk at "
-                            "%lld (set them with farctx_mesa_batch_params)", (long long) ub->q_pos[0]);
+                            "%lld (set them per batch as farctx_session_feed does)", (long long) ub->q_pos[0]);
         return 1;
     }
     if (r.kind == 1) {
@@ -252,15 +279,103 @@ int32_t farctx_mesa_fill(struct farctx_session * s, struct llama_attn_extrap_uba
         const int64_t j = ub->kv_pos[c];
         int64_t delta = 0;
         if (j >= 0 && r.kind == 2) {
-            delta = farctx_mesa_stair_pos(j, r.S, p->stair_width) - j;
+            delta = stair_pos(j, r.S, p->stair_width) - j;
         }
         ub->k_delta[c] = (int32_t) delta;
     }
-    if (r.kind == 2 && r.S != s->mesa.last_S) {
-        if (s->mesa.last_S >= 0) {
-            s->mesa.n_stair_moves++;  /* (n_kv - 1) mod C wrapped: the stair moved forward by C */
+    if (r.kind == 2 && r.S != mesa_of(s)->last_S) {
+        if (mesa_of(s)->last_S >= 0) {
+            mesa_of(s)->n_stair_moves++;  /* (n_kv - 1) mod C wrapped: the stair moved forward by C */
         }
-        s->mesa.last_S = r.S;
+        mesa_of(s)->last_S = r.S;
     }
     return 0;
 }
+
+/* -- the method's operations ------------------------------------------------------------------------- */
+
+static int32_t validate(const struct farctx_params * p, char * err, size_t err_size) {
+    if (p->n_ctx_train - 2 * p->first_chunk < 1) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                           "first_chunk (%d) must be below half of n_ctx_train (%d): the chunk width is "
+                           "n_ctx_train - 2 first_chunk", p->first_chunk, p->n_ctx_train);
+    }
+    return FARCTX_OK;
+}
+
+static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
+    struct farctx_mesa * m = calloc(1, sizeof(*m));
+    /* per position of the cache: the in-place key rotation to apply (rotate_cache) */
+    int32_t * k_step = calloc(llama_n_ctx(s->ctx), sizeof(int32_t));
+    if (m == NULL || k_step == NULL) {
+        free(m);
+        free(k_step);
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
+    }
+    m->k_step = k_step;
+    s->state  = m;
+    return FARCTX_OK;
+}
+
+static void release(struct farctx_session * s) {
+    struct farctx_mesa * m = mesa_of(s);
+    if (m != NULL) {
+        free(m->k_step);
+        free(m);
+        s->state = NULL;
+    }
+}
+
+static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
+    *out = llama_attn_extrap_default_params();
+    out->mode      = LLAMA_ATTN_EXTRAP_CUSTOM;
+    out->fill      = fill;
+    out->user_data = (void *) s;
+    /* the last chunk and decoding: keys at stair positions, log-n query scale (middle chunks: batch_params) */
+    out->use_k_delta = true;
+    out->use_q_scale = true;
+}
+
+static int64_t plain_below(const struct farctx_session * s) {
+    /* a chunked prompt: its first chunk; otherwise until the cache passes the trained context (then stair
+     * positions and the log-n scale start) */
+    return mesa_of(s)->chunked ? s->params.first_chunk : s->params.n_ctx_train;
+}
+
+static void begin_feed(struct farctx_session * s, int32_t n_tokens) {
+    if (s->n_past == 0 || !mesa_of(s)->planned) {
+        plan(s, s->n_past == 0 ? n_tokens : s->n_past);  /* the prompt is the first feed */
+    }
+}
+
+static int32_t rewind_to(struct farctx_session * s, int64_t n_keep) {
+    struct farctx_mesa * m = mesa_of(s);
+    if (m->planned && n_keep > 0 && n_keep < m->n) {
+        return farctx_session_fail(s, FARCTX_ERR_REPLAY,
+            "cannot rewind to %lld inside a chunked prompt of %lld tokens: feed it again from the start",
+            (long long) n_keep, (long long) m->n);
+    }
+    if (n_keep == 0) {
+        m->planned = false;  /* the next feed is a new prompt */
+    }
+    return FARCTX_OK;
+}
+
+static void stats(const struct farctx_session * s, struct farctx_stats * st) {
+    st->n_stair_moves     = mesa_of(s)->n_stair_moves;
+    st->n_cache_rotations = mesa_of(s)->n_cache_rotations;
+}
+
+const struct farctx_method_ops farctx_mesa_ops = {
+    .validate      = validate,
+    .init          = init,
+    .free          = release,
+    .setup         = setup,
+    .plain_below   = plain_below,
+    .begin_feed    = begin_feed,
+    .segment_end   = segment_end,
+    .batch_params  = batch_params,
+    .before_decode = rotate_cache,
+    .rewind        = rewind_to,
+    .stats         = stats,
+};

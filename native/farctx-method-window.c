@@ -1,0 +1,236 @@
+/*
+ * farctx: the window family (DESIGN.md section 1): lminf, window, lambda-only, rerope, streaming, selfextend.
+ *
+ * Each is one main window over true distances plus, for some, a second key segment at a bounded distance:
+ *   main segment:   key j visible from query i, relpos i - j, iff 0 <= j <= i and (i - j < window or
+ *                   j < always); window = n_local (selfextend: neighbor); always = lambda-only's globals
+ *   second segment: keys beyond the window (the head tokens only, or every key), query at q2(i), key j
+ *                   at k2(j): relpos q2(i) - k2(j)
+ * A method is its rule below; the fixed-cache ones (lminf, window, lambda-only, streaming) also evict.
+ */
+#include "farctx-impl.h"
+
+#include <math.h>
+#include <stdint.h>
+
+enum seg2_keys {
+    SEG2_NONE,   /* no second segment                                     */
+    SEG2_HEAD,   /* the head tokens (the table's head parameter): [0, head) */
+    SEG2_ALL,    /* every cell                                            */
+};
+
+struct window_rule {
+    int32_t window;        /* FARCTX_PARAM_* of the main window: n_local or neighbor */
+    bool    head_always;   /* the head tokens are seen at any distance, in the main segment */
+    int     seg2;          /* enum seg2_keys */
+    /* second segment, as RoPE positions */
+    int32_t (*q2)(const struct farctx_params * p, int32_t i);
+    int32_t (*k2)(const struct farctx_params * p, int32_t j);
+};
+
+static const struct window_rule * rule_of(const struct farctx_session * s) {
+    return (const struct window_rule *) s->ops->rule;
+}
+
+static int32_t main_window(const struct farctx_session * s) {
+    return farctx_param_get(&s->params, rule_of(s)->window);
+}
+
+static int32_t main_always(const struct farctx_session * s) {
+    return rule_of(s)->head_always ? farctx_params_head(&s->params) : 0;
+}
+
+/* The main segment's rule (one predicate for the single test and the per-row fill) */
+static bool main_visible(int32_t i, int32_t j, int64_t lo, int32_t always) {
+    return j >= 0 && j <= i && (j >= lo || j < always);
+}
+
+static bool main_allowed(const struct farctx_session * s, int32_t i, int32_t j) {
+    return main_visible(i, j, (int64_t) i - main_window(s) + 1, main_always(s));
+}
+
+static void fill_main_row(const struct farctx_session * s, int32_t i, const int32_t * kv_pos, int32_t n, float * row) {
+    const int64_t lo     = (int64_t) i - main_window(s) + 1;  /* first key inside the window */
+    const int32_t always = main_always(s);
+    for (int32_t c = 0; c < n; ++c) {
+        row[c] = main_visible(i, kv_pos[c], lo, always) ? 0.0f : -INFINITY;
+    }
+}
+
+/* second segment (bounded distance): keys beyond the window */
+static bool seg2_allowed(const struct farctx_session * s, int32_t i, int32_t j) {
+    if (j < 0 || j > i || i - j < main_window(s)) {
+        return false;
+    }
+    switch (rule_of(s)->seg2) {
+        case SEG2_HEAD: return j < farctx_params_head(&s->params);
+        case SEG2_ALL:  return true;
+        default:        return false;
+    }
+}
+
+/* lminf, rerope: query at n_local, every key at 0 -> relpos n_local */
+static int32_t q2_bounded(const struct farctx_params * p, int32_t i) { (void) i; return p->n_local; }
+static int32_t k2_zero(const struct farctx_params * p, int32_t j) { (void) p; (void) j; return 0; }
+
+/* streaming: the cache-index distance of StreamingLLM: query at its cache slot, sink s at slot s */
+static int32_t q2_cache_slot(const struct farctx_params * p, int32_t i) {
+    const int32_t last_slot = p->n_sink + p->n_local - 1;
+    return i < last_slot ? i : last_slot;
+}
+static int32_t k2_true(const struct farctx_params * p, int32_t j) { (void) p; return j; }
+
+/* selfextend, grouped: floor(i/G) - floor(j/G) + W - floor(W/G) */
+static int32_t q2_grouped(const struct farctx_params * p, int32_t i) {
+    return i / p->group + p->neighbor - p->neighbor / p->group;
+}
+static int32_t k2_grouped(const struct farctx_params * p, int32_t j) { return j / p->group; }
+
+static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub);
+
+static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
+    *out = llama_attn_extrap_default_params();
+    out->mode      = LLAMA_ATTN_EXTRAP_CUSTOM;
+    out->fill      = fill;
+    out->user_data = (void *) s;
+    switch (rule_of(s)->seg2) {
+        case SEG2_HEAD: out->n_seg2 = farctx_params_head(&s->params); break;  /* the globals / sinks: cells [0, head) */
+        case SEG2_ALL:  out->n_seg2 = -1;                             break;  /* every cell */
+        default:        out->n_seg2 = 0;                              break;
+    }
+}
+
+static int64_t plain_below(const struct farctx_session * s) {
+    return main_window(s);  /* every key within the window */
+}
+
+/* the fixed-cache methods: the next query at next_pos reads keys j > next_pos - n_local (and the head tokens) */
+static int64_t first_needed(const struct farctx_params * p, int64_t next_pos) {
+    return next_pos - p->n_local + 1;
+}
+
+static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
+                         struct llama_attn_extrap_params * ex) {
+    const int32_t head = farctx_params_head(&s->params);
+    if (n_tokens == 1 && head > 0 && ex->n_seg2 == head) {
+        /* one query: the head segment's bounded distance can rotate its keys instead of the query, so both
+         * segments share the query, and the main one starts after the head cells (one flash-attention call
+         * over both ranges where the cache allows it) */
+        ex->kv_first = head;
+    }
+}
+
+/* one query, the head cells as segment 2 beside the main segment's other cells, both under the main
+ * query: a head key inside the window at its true distance, beyond it moved to where the query's bounded
+ * distance puts it (relpos = q2(i) - k2(j)) */
+static int32_t fill_single_query(struct farctx_session * s, struct llama_attn_extrap_ubatch * ub) {
+    const struct farctx_params * p = &s->params;
+    const struct window_rule * r = rule_of(s);
+    if (ub->n_tokens != 1) {
+        s->fill_error = true;
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: %d queries in a single-query ubatch",
+                            farctx_method_name(p->method), ub->n_tokens);
+        return 1;
+    }
+    const int32_t i = ub->q_pos[0];
+    fill_main_row(s, i, ub->kv_pos, ub->n_kv, ub->mask);
+    for (int32_t c = 0; c < ub->n_seg2; ++c) {
+        const int32_t j = ub->seg2_pos[c];
+        const bool near = main_allowed(s, i, j), far = seg2_allowed(s, i, j);
+        ub->seg2_mask[c] = near || far ? 0.0f : -INFINITY;
+        ub->seg2_k_delta[c] = far ? (r->k2(p, j) - j) - (r->q2(p, i) - i) : 0;
+    }
+    ub->seg2_q_delta[0] = 0;
+    return 0;
+}
+
+static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
+    struct farctx_session * s = (struct farctx_session *) user_data;
+    const struct farctx_params * p = &s->params;
+    const struct window_rule * r = rule_of(s);
+    const int32_t head = farctx_params_head(p);
+    for (int32_t c = 0; c < ub->n_seg2 && head > 0; ++c) {
+        const int32_t j = ub->seg2_pos[c];
+        if (j >= 0 && j != c) {
+            s->fill_error = true;
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "the global/sink tokens are not in the first cells of the "
+                                "cache (cell %d holds position %d): start the stream in an empty cache", c, j);
+            return 1;
+        }
+    }
+    if (s->active.kv_first > 0) {
+        return fill_single_query(s, ub);
+    }
+
+    for (int32_t t = 0; t < ub->n_tokens; ++t) {
+        const int32_t i = ub->q_pos[t];
+        fill_main_row(s, i, ub->kv_pos, ub->n_kv, ub->mask + (size_t) t * ub->n_kv);
+        if (ub->n_seg2 > 0) {
+            float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
+            for (int32_t c = 0; c < ub->n_seg2; ++c) {
+                row2[c] = seg2_allowed(s, i, ub->seg2_pos[c]) ? 0.0f : -INFINITY;
+            }
+            ub->seg2_q_delta[t] = r->q2(p, i) - i;
+        }
+    }
+    for (int32_t c = 0; c < ub->n_seg2; ++c) {
+        const int32_t j = ub->seg2_pos[c];
+        ub->seg2_k_delta[c] = j >= 0 ? r->k2(p, j) - j : 0;
+    }
+    return 0;
+}
+
+/* -- the methods -------------------------------------------------------------------------------------- */
+
+static int32_t lminf_validate(const struct farctx_params * p, char * err, size_t err_size) {
+    if (p->n_global >= p->n_local) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                           "n_global (%d) must be smaller than n_local (%d)", p->n_global, p->n_local);
+    }
+    return FARCTX_OK;
+}
+
+/* sinks plus window fill the trained context */
+static int32_t streaming_local_default(const struct farctx_params * p) {
+    return p->n_ctx_train - p->n_sink;
+}
+
+static int32_t selfextend_validate(const struct farctx_params * p, char * err, size_t err_size) {
+    if (p->neighbor < 1 || p->neighbor >= p->n_ctx_train) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                           "neighbor (%d) must be between 1 and n_ctx_train - 1 (%d)", p->neighbor, p->n_ctx_train - 1);
+    }
+    return FARCTX_OK;
+}
+
+static int32_t selfextend_init(struct farctx_session * s, char * err, size_t err_size) {
+    if (s->params.group <= 0) {
+        /* groups wide enough that the whole cache maps inside the trained context */
+        const int64_t W = s->params.neighbor, L = s->params.n_ctx_train, n = llama_n_ctx(s->ctx);
+        const int64_t G = n > W ? (n - W + (L - W) - 1) / (L - W) : 1;
+        s->params.group = (int32_t) (G > 1 ? G : 1);
+    }
+    return FARCTX_OK;
+}
+
+static const struct window_rule k_lminf       = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_bounded,    k2_zero    };
+static const struct window_rule k_window      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_NONE, NULL,          NULL       };
+static const struct window_rule k_lambda_only = { FARCTX_PARAM_N_LOCAL,  true,  SEG2_NONE, NULL,          NULL       };
+static const struct window_rule k_rerope      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_ALL,  q2_bounded,    k2_zero    };
+static const struct window_rule k_streaming   = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_cache_slot, k2_true    };
+static const struct window_rule k_selfextend  = { FARCTX_PARAM_NEIGHBOR, false, SEG2_ALL,  q2_grouped,    k2_grouped };
+
+#define WINDOW_OPS .setup = setup, .plain_below = plain_below, .batch_params = batch_params
+
+const struct farctx_method_ops farctx_lminf_ops = {
+    WINDOW_OPS, .first_needed = first_needed, .validate = lminf_validate, .rule = &k_lminf };
+const struct farctx_method_ops farctx_window_ops = {
+    WINDOW_OPS, .first_needed = first_needed, .rule = &k_window };
+const struct farctx_method_ops farctx_lambda_only_ops = {
+    WINDOW_OPS, .first_needed = first_needed, .rule = &k_lambda_only };
+const struct farctx_method_ops farctx_rerope_ops = {
+    WINDOW_OPS, .rule = &k_rerope };
+const struct farctx_method_ops farctx_streaming_ops = {
+    WINDOW_OPS, .first_needed = first_needed, .local_default = streaming_local_default, .rule = &k_streaming };
+const struct farctx_method_ops farctx_selfextend_ops = {
+    WINDOW_OPS, .validate = selfextend_validate, .init = selfextend_init, .rule = &k_selfextend };

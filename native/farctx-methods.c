@@ -1,0 +1,208 @@
+/* farctx: the method table and the parameter table (the one home of every fact about a method), and
+ * which models a method can run on */
+#include "farctx-impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define M(m) (1u << FARCTX_METHOD_##m)
+#define ALL_METHODS ((1u << FARCTX_METHOD_COUNT) - 1)
+#define NEEDS_ROPE  FARCTX_MODEL_ROPE  /* the methods that change the graph */
+
+static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
+    [FARCTX_METHOD_VANILLA] = {
+        { "vanilla", "full attention at true distances (stock llama.cpp)",
+          false, true, -1, FARCTX_MODEL_ANY }, &farctx_vanilla_ops },
+    [FARCTX_METHOD_LMINF] = {
+        { "lminf", "LM-Infinite: global tokens + local window, distances bounded by n_local",
+          true, false, FARCTX_PARAM_N_GLOBAL, NEEDS_ROPE }, &farctx_lminf_ops },
+    [FARCTX_METHOD_WINDOW] = {
+        { "window", "a sliding window of n_local tokens (ablation)",
+          true, false, -1, NEEDS_ROPE }, &farctx_window_ops },
+    [FARCTX_METHOD_LAMBDA_ONLY] = {
+        { "lambda-only", "global tokens + local window at true distances (ablation)",
+          true, false, FARCTX_PARAM_N_GLOBAL, NEEDS_ROPE }, &farctx_lambda_only_ops },
+    [FARCTX_METHOD_REROPE] = {
+        { "rerope", "every key, distances capped at n_local",
+          false, false, -1, NEEDS_ROPE }, &farctx_rerope_ops },
+    [FARCTX_METHOD_STREAMING] = {
+        { "streaming", "StreamingLLM: sink tokens + a window, positions inside the cache",
+          true, false, FARCTX_PARAM_N_SINK, NEEDS_ROPE }, &farctx_streaming_ops },
+    [FARCTX_METHOD_MESA] = {
+        { "mesa", "Mesa-Extrapolation: a chunked prompt, stair positions, log-n query scale",
+          false, false, -1, NEEDS_ROPE }, &farctx_mesa_ops },
+    [FARCTX_METHOD_SELFEXTEND] = {
+        { "selfextend", "SelfExtend: a neighbour window, grouped distances beyond it",
+          false, false, -1, NEEDS_ROPE }, &farctx_selfextend_ops },
+};
+
+#define P(field, help, def, min, methods) \
+    { #field, help, def, min, methods, offsetof(struct farctx_params, field) }
+
+static const struct farctx_param_info k_params[FARCTX_PARAM_COUNT] = {
+    [FARCTX_PARAM_N_CTX_TRAIN]  = P(n_ctx_train,  "trained context to assume (0: the model's)", 0, 0, ALL_METHODS),
+    [FARCTX_PARAM_N_GLOBAL]     = P(n_global,     "global tokens G, seen by every query", 10, 0,
+                                    M(LMINF) | M(LAMBDA_ONLY)),
+    [FARCTX_PARAM_N_LOCAL]      = P(n_local,      "local window L (0: n_ctx_train); streaming: the window with "
+                                    "the query (0: n_ctx_train - n_sink)", 0, 0,
+                                    M(LMINF) | M(WINDOW) | M(LAMBDA_ONLY) | M(REROPE) | M(STREAMING)),
+    [FARCTX_PARAM_N_SINK]       = P(n_sink,       "sink tokens S", 4, 0, M(STREAMING)),
+    [FARCTX_PARAM_FIRST_CHUNK]  = P(first_chunk,  "first chunk F", 100, 1, M(MESA)),
+    [FARCTX_PARAM_STAIR_WIDTH]  = P(stair_width,  "stair width E", 50, 1, M(MESA)),
+    [FARCTX_PARAM_LAST_CONTEXT] = P(last_context, "last context", 512, 1, M(MESA)),
+    [FARCTX_PARAM_GEN_BUDGET]   = P(gen_budget,   "generation budget reserved by the split", 50, 0, M(MESA)),
+    [FARCTX_PARAM_GROUP]        = P(group,        "group size Gs (0: ceil((n_ctx - W) / (n_ctx_train - W)))", 0, 0,
+                                    M(SELFEXTEND)),
+    [FARCTX_PARAM_NEIGHBOR]     = P(neighbor,     "neighbour window W (0: n_ctx_train / 2)", 0, 0, M(SELFEXTEND)),
+};
+
+const struct farctx_method_def * farctx_method_def(int32_t method) {
+    if (method < 0 || method >= FARCTX_METHOD_COUNT || k_methods[method].info.name == NULL) {
+        return NULL;
+    }
+    return &k_methods[method];
+}
+
+int32_t farctx_method_count(void) {
+    return FARCTX_METHOD_COUNT;
+}
+
+struct farctx_method_info farctx_method_get_info(int32_t method) {
+    const struct farctx_method_def * d = farctx_method_def(method);
+    if (d == NULL) {
+        struct farctx_method_info none = { NULL, NULL, false, false, -1, 0 };
+        return none;
+    }
+    return d->info;
+}
+
+const char * farctx_method_name(int32_t method) {
+    const struct farctx_method_def * d = farctx_method_def(method);
+    return d ? d->info.name : NULL;
+}
+
+int32_t farctx_method_from_name(const char * name) {
+    for (int32_t m = 0; name != NULL && m < FARCTX_METHOD_COUNT; ++m) {
+        if (k_methods[m].info.name != NULL && strcmp(name, k_methods[m].info.name) == 0) {
+            return m;
+        }
+    }
+    return -1;
+}
+
+bool farctx_method_available(int32_t method) {
+    const struct farctx_method_def * d = farctx_method_def(method);
+    return d != NULL && d->ops != NULL;
+}
+
+bool farctx_method_fixed_cache(int32_t method) {
+    const struct farctx_method_def * d = farctx_method_def(method);
+    return d != NULL && d->info.fixed_cache;
+}
+
+int32_t farctx_param_count(void) {
+    return FARCTX_PARAM_COUNT;
+}
+
+struct farctx_param_info farctx_param_get_info(int32_t i) {
+    if (i < 0 || i >= FARCTX_PARAM_COUNT) {
+        struct farctx_param_info none = { NULL, NULL, 0, 0, 0, 0 };
+        return none;
+    }
+    return k_params[i];
+}
+
+int32_t farctx_param_get(const struct farctx_params * params, int32_t i) {
+    if (params == NULL || i < 0 || i >= FARCTX_PARAM_COUNT) {
+        return 0;
+    }
+    int32_t value;
+    memcpy(&value, (const char *) params + k_params[i].offset, sizeof(value));
+    return value;
+}
+
+bool farctx_param_set(struct farctx_params * params, int32_t i, int32_t value) {
+    if (params == NULL || i < 0 || i >= FARCTX_PARAM_COUNT) {
+        return false;
+    }
+    memcpy((char *) params + k_params[i].offset, &value, sizeof(value));
+    return true;
+}
+
+int32_t farctx_params_head(const struct farctx_params * p) {
+    const struct farctx_method_def * d = farctx_method_def(p->method);
+    return d != NULL && d->info.head_param >= 0 ? farctx_param_get(p, d->info.head_param) : 0;
+}
+
+/* a metadata value of the model's architecture ("<arch>.<key>") as a string; false if absent */
+static bool arch_meta(const struct llama_model * model, const char * key, char * buf, size_t size) {
+    char arch[64], full[160];
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch)) < 0) {
+        return false;
+    }
+    snprintf(full, sizeof(full), "%s.%s", arch, key);
+    return llama_model_meta_val_str(model, full, buf, size) >= 0;
+}
+
+int32_t farctx_model_kind(const struct llama_model * model, char * why, size_t why_size) {
+    char value[64];
+    if (model == NULL) {
+        farctx_fail(why, why_size, 0, "no model");
+        return FARCTX_MODEL_OTHER;
+    }
+    /*
+     * PENDING(patches): llama.cpp's own answer, llama_model_attn_extrap_supported(model, err, err_size)
+     * from the patch series, goes here once the build has it:
+     *
+     *     if (!llama_model_attn_extrap_supported(model, why, why_size)) {
+     *         return <the kind below, or FARCTX_MODEL_OTHER>;
+     *     }
+     *
+     * Until then the checks below mirror llama_set_attn_extrap's (patches/0001) with llama.h's accessors.
+     */
+    if (llama_model_is_recurrent(model)) {
+        farctx_fail(why, why_size, 0, "a recurrent model");
+        return FARCTX_MODEL_RECURRENT;
+    }
+    if (llama_model_is_hybrid(model)) {
+        farctx_fail(why, why_size, 0, "a hybrid (attention and recurrent) model");
+        return FARCTX_MODEL_RECURRENT;
+    }
+    if (llama_model_n_swa(model) > 0) {
+        farctx_fail(why, why_size, 0, "sliding-window layers");
+        return FARCTX_MODEL_SWA;
+    }
+    const enum llama_rope_type rope = llama_model_rope_type(model);
+    if (rope == LLAMA_ROPE_TYPE_NONE) {
+        farctx_fail(why, why_size, 0, "no RoPE positions");
+        return FARCTX_MODEL_OTHER;
+    }
+    if (rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE || rope == LLAMA_ROPE_TYPE_VISION) {
+        farctx_fail(why, why_size, 0, "multi-section RoPE (M-RoPE) positions");
+        return FARCTX_MODEL_OTHER;
+    }
+    if (arch_meta(model, "attention.key_length_mla", value, sizeof(value)) && strcmp(value, "0") != 0) {
+        farctx_fail(why, why_size, 0, "multi-head latent attention (MLA)");
+        return FARCTX_MODEL_OTHER;
+    }
+    if (arch_meta(model, "attention.causal", value, sizeof(value)) && strcmp(value, "false") == 0) {
+        farctx_fail(why, why_size, 0, "non-causal attention");
+        return FARCTX_MODEL_OTHER;
+    }
+    farctx_fail(why, why_size, 0, "%s", "");
+    return FARCTX_MODEL_ROPE;
+}
+
+int32_t farctx_method_supported(int32_t method, const struct llama_model * model, char * err, size_t err_size) {
+    const struct farctx_method_def * d = farctx_method_def(method);
+    if (d == NULL) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "unknown method %d", method);
+    }
+    if (d->ops == NULL) {
+        return farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "not available in this build of farctx");
+    }
+    if (model != NULL && (farctx_model_kind(model, err, err_size) & d->info.model_kinds) == 0) {
+        return FARCTX_ERR_UNSUPPORTED;  /* the reason is in err */
+    }
+    return farctx_fail(err, err_size, FARCTX_OK, "%s", "");
+}
