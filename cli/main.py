@@ -71,7 +71,12 @@ def _count_tokens(model: str | None, text: str) -> int:
 
     llama_cpp = engine._N.llama_cpp
 
-    vocab = llama_cpp.Llama(str(resolve_model_path(model)), vocab_only=True, n_ctx=256, verbose=False)
+    path = resolve_model_path(model)
+    engine._LOG.clear()
+    try:
+        vocab = llama_cpp.Llama(str(path), vocab_only=True, n_ctx=256, verbose=False)
+    except ValueError as exc:  # the reason from llama.cpp's log, as farctx.Llama gives it
+        raise farctx.FarctxError(f"llama.cpp could not load {path}: {engine._LOG.reason() or exc}") from None
     try:
         return len(vocab.tokenize(text.encode("utf-8")))
     finally:
@@ -97,15 +102,15 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     import farctx
     from farctx.progress import Progress
 
-    from farctx.methods import WHOLE_STREAM_METHODS
+    from farctx.methods import fixed_cache, stream_cells
 
     text = _read_prompt(prompt, file)
     kwargs = llama_kwargs(opts)
     if seed >= 0:
         kwargs["seed"] = seed
-    if kwargs["n_ctx"] == 0 and kwargs["method"] in WHOLE_STREAM_METHODS:
-        # these keep the whole stream: a cache for the prompt plus the generation
-        kwargs["n_ctx"] = _count_tokens(model, text) + n_predict
+    if kwargs["n_ctx"] == 0 and not fixed_cache(kwargs["method"]):
+        # the methods that keep the whole stream (vanilla too): libfarctx's size for the prompt plus the generation
+        kwargs["n_ctx"] = stream_cells(model, kwargs, _count_tokens(model, text), n_predict)
     llm = farctx.Llama(model, progress=Progress("prefill", min_total=1024), **kwargs)
     if not as_json:
         click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)

@@ -48,29 +48,25 @@ def runtime_options() -> Decorator:
 
 
 def method_options(with_method: bool = True) -> Decorator:
-    """--method and every method's parameters (0: from the model or the method's default)."""
-    from farctx.methods import METHODS
+    """--method and every method's parameters, from libfarctx's parameter table (unset: from the model
+    or the method's default)."""
+    from farctx.methods import method_names, param_infos
 
-    method = [click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True,
+    methods = method_names()
+    method = [click.option("--method", type=click.Choice(methods), default="vanilla", show_default=True,
                            help="attention method")] if with_method else []
     return _stack(
         *method,
-        click.option("--n-ctx-train", type=click.IntRange(0), default=None,
-                     help="trained context to assume (default: the model's)"),
-        click.option("--n-global", type=click.IntRange(0), default=None, help="lminf: global tokens (10)"),
-        click.option("--n-local", type=click.IntRange(0), default=None, help="lminf/window: local window (n_ctx_train)"),
-        click.option("--n-sink", type=click.IntRange(0), default=None, help="streaming: sink tokens (4)"),
-        click.option("--first-chunk", type=click.IntRange(1), default=None, help="mesa: first chunk (100)"),
-        click.option("--stair-width", type=click.IntRange(1), default=None, help="mesa: stair width (50)"),
-        click.option("--last-context", type=click.IntRange(1), default=None, help="mesa: last context (512)"),
-        click.option("--gen-budget", type=click.IntRange(0), default=None, help="mesa: generation budget (50)"),
-        click.option("--group", type=click.IntRange(0), default=None, help="selfextend: group size (auto)"),
-        click.option("--neighbor", type=click.IntRange(0), default=None, help="selfextend: neighbour window (auto)"),
+        *(click.option(p.flag, p.name, type=click.IntRange(p.minimum), default=None,
+                       help=p.option_help(methods)) for p in param_infos()),
     )
 
 
-METHOD_KEYS = ("n_ctx_train", "n_global", "n_local", "n_sink", "first_chunk", "stair_width", "last_context",
-               "gen_budget", "group", "neighbor")
+def method_keys() -> tuple[str, ...]:
+    """The options method_options adds (without --method): the parameter table's names."""
+    from farctx.methods import param_infos
+
+    return tuple(p.name for p in param_infos())
 
 
 def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +93,7 @@ def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
     if threads is not None:
         kwargs["n_threads"] = threads
         kwargs["n_threads_batch"] = threads
-    for key in METHOD_KEYS:
+    for key in method_keys():
         value = opts.pop(key)
         if value is not None:
             kwargs[key] = value

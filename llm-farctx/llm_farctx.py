@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 
 import click
 import llm
-from pydantic import Field, field_validator
+from pydantic import Field, create_model, field_validator
 
 import farctx  # first: points llama_cpp at farctx's patched library
 
@@ -71,35 +71,41 @@ def register_commands(cli: click.Group) -> None:
         _registry_path().write_text(json.dumps(models, indent=2))
 
 
-_METHOD_PARAMS = tuple(farctx.MethodParams.names())
+class _MethodOption(llm.Options):
+    method: Optional[str] = Field(None, description=f"attention method: {', '.join(farctx.METHODS)}")
+
+    @field_validator("method")
+    @classmethod
+    def known_method(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in farctx.METHODS:
+            raise ValueError(f"unknown method '{value}' (choose from {', '.join(farctx.METHODS)})")
+        return value
+
+
+def _options() -> type[llm.Options]:
+    """llm's -o options: the method, one per row of libfarctx's parameter table, and the run's own."""
+    from farctx.methods import method_names, param_infos
+
+    methods = method_names()
+    fields: dict[str, Any] = {
+        p.name: (Optional[int], Field(None, ge=p.minimum, description=p.option_help(methods))) for p in param_infos()
+    }
+    fields.update(
+        n_ctx=(Optional[int], Field(None, ge=0, description="KV cache cells (default: the method's)")),
+        max_tokens=(Optional[int], Field(None, ge=1, description="most tokens to generate")),
+        temperature=(Optional[float], Field(None, ge=0, description="0: greedy")),
+        seed=(Optional[int], Field(None, description="sampling seed")),
+    )
+    return create_model("Options", __base__=_MethodOption, **fields)
+
+
+_METHOD_FIELDS = ("method", *farctx.MethodParams.names())
 
 
 class FarctxModel(llm.Model):
     can_stream = True
 
-    class Options(llm.Options):
-        method: Optional[str] = Field(None, description=f"attention method: {', '.join(farctx.METHODS)}")
-        n_ctx_train: Optional[int] = Field(None, ge=0, description="trained context to assume")
-        n_global: Optional[int] = Field(None, ge=0, description="lminf: global tokens")
-        n_local: Optional[int] = Field(None, ge=0, description="lminf/window: local window")
-        n_sink: Optional[int] = Field(None, ge=0, description="streaming: sink tokens")
-        first_chunk: Optional[int] = Field(None, ge=1, description="mesa: first chunk")
-        stair_width: Optional[int] = Field(None, ge=1, description="mesa: stair width")
-        last_context: Optional[int] = Field(None, ge=1, description="mesa: last context")
-        gen_budget: Optional[int] = Field(None, ge=0, description="mesa: generation budget")
-        group: Optional[int] = Field(None, ge=0, description="selfextend: group size")
-        neighbor: Optional[int] = Field(None, ge=0, description="selfextend: neighbour window")
-        n_ctx: Optional[int] = Field(None, ge=0, description="KV cache cells (default: the method's)")
-        max_tokens: Optional[int] = Field(None, ge=1, description="most tokens to generate")
-        temperature: Optional[float] = Field(None, ge=0, description="0: greedy")
-        seed: Optional[int] = Field(None, description="sampling seed")
-
-        @field_validator("method")
-        @classmethod
-        def known_method(cls, value: Optional[str]) -> Optional[str]:
-            if value is not None and value not in farctx.METHODS:
-                raise ValueError(f"unknown method '{value}' (choose from {', '.join(farctx.METHODS)})")
-            return value
+    Options = _options()
 
     def __init__(self, model_id: str, path: str) -> None:
         self.model_id = model_id
@@ -116,7 +122,7 @@ class FarctxModel(llm.Model):
     def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
                 conversation: Optional[llm.Conversation]) -> Iterator[str]:
         options = prompt.options
-        override = {name: getattr(options, name) for name in ("method", *_METHOD_PARAMS)
+        override = {name: getattr(options, name) for name in _METHOD_FIELDS
                     if getattr(options, name) is not None}
         sampling = {name: getattr(options, name) for name in ("max_tokens", "temperature", "seed")
                     if getattr(options, name) is not None}

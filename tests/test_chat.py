@@ -60,3 +60,27 @@ def test_vanilla_says_when_the_conversation_does_not_fit_and_goes_on(tiny_model)
     assert "exceeds the available context size" in err.getvalue() and "cache 256 cells" in err.getvalue()
     assert [m["content"] for m in chat.messages if m["role"] == "user"] == ["short"]
     assert len(out.getvalue().splitlines()) == 1
+
+
+def test_a_prompt_is_tokenized_once(tiny_model, monkeypatch):
+    """The slot counts a prompt's tokens before anything is fed; the completion reuses those tokens."""
+    import llama_cpp
+
+    calls: list[bytes] = []
+    tokenize = llama_cpp.Llama.tokenize
+
+    def counting(self, text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(bytes(text))
+        return tokenize(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(llama_cpp.Llama, "tokenize", counting)
+    slot = Slot(str(tiny_model), {"n_ubatch": 16}, {"method": "rerope"}, log=io.StringIO())
+    prompt = "Once upon a time there was a prompt " * 3
+    for _ in range(2):  # the second time the engine is warm: still once
+        calls.clear()
+        result = slot.run(lambda llm: llm.create_completion(prompt, max_tokens=2, temperature=0))
+        assert calls.count(prompt.encode("utf-8")) == 1
+        assert result["usage"]["prompt_tokens"] == slot.llm.last_prompt_tokens
+    chat = slot.run(lambda llm: llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2))
+    assert chat["usage"]["prompt_tokens"] == slot.llm.last_prompt_tokens
+    slot.unload()

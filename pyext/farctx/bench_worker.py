@@ -29,14 +29,14 @@ def corpus(tokenize, n: int) -> list[int]:
 
 
 def open_farctx(model: str, method: str, length: int, n_gen: int, kwargs: dict):
-    """farctx.Llama for one measurement: whole-stream methods get a cache for the whole stream,
-    fixed-cache methods size their own."""
+    """farctx.Llama for one measurement: the methods that keep the whole stream (vanilla too) get
+    libfarctx's cache for it, fixed-cache methods size their own."""
     import farctx
 
-    from farctx.methods import WHOLE_STREAM_METHODS
+    from farctx.methods import fixed_cache, stream_cells
 
-    if method == "vanilla" or method in WHOLE_STREAM_METHODS:
-        kwargs = {**kwargs, "n_ctx": length + n_gen}
+    if not fixed_cache(method):
+        kwargs = {**kwargs, "n_ctx": stream_cells(model, {**kwargs, "method": method}, length, n_gen)}
     return farctx.Llama(model, method=method, **kwargs)
 
 

@@ -161,6 +161,24 @@ def cache_cells(params: Any, n_ctx_train: int, n_ubatch: int, n_prompt: int = 0,
     return int(n.lib.farctx_cache_cells(params.to_c(n.ffi, n.lib), n_ctx_train, n_ubatch, n_prompt, n_predict))
 
 
+def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
+    """MethodParams from farctx.Llama-style keyword arguments (`method` and the parameters; the rest is
+    left alone)."""
+    names = set(_method_params_class().names())
+    values = {k: v for k, v in kwargs.items() if k in names}
+    return _method_params_class().from_kwargs(kwargs.get("method", "vanilla"), values)
+
+
+def stream_cells(model_path: Any, kwargs: dict[str, Any], n_prompt: int, n_predict: int) -> int:
+    """farctx_cache_cells for farctx.Llama's keyword arguments and a model file: the cache a stream of
+    n_prompt + n_predict tokens needs under the method they name."""
+    from .models import n_ctx_train, resolve_model_path
+
+    n_ubatch = min(kwargs.get("n_ubatch") or 512, kwargs.get("n_batch") or 512)
+    return cache_cells(split_method_kwargs(kwargs), n_ctx_train(resolve_model_path(model_path)), n_ubatch,
+                       n_prompt, n_predict)
+
+
 def __getattr__(name: str) -> Any:
     # METHODS, MethodParams, WHOLE_STREAM_METHODS: built from the native table on first use
     if name == "METHODS":

@@ -29,33 +29,28 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from llama_cpp.server.app import prepare_request_resources
 from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import EventSourceResponse
 
 from .errors import FarctxError
-from .methods import METHODS
+from .methods import method_names, param_infos
 from .progress import Progress
 from .slot import ContextError, Slot, SlotLlama
 
 MAX_TOKENS = 2**31 - 1  # positions are 32-bit
 
 
-class FarctxOverride(BaseModel):
-    """The `farctx` body field: this request's method and parameters (the server's for the rest)."""
+def _override_model() -> type[BaseModel]:
+    """The `farctx` body field: this request's method and parameters (the server's for the rest), one
+    field per row of libfarctx's parameter table."""
+    methods = method_names()
+    fields: dict[str, Any] = {"method": (Optional[Literal[methods]], None)}  # type: ignore[valid-type]
+    for p in param_infos():
+        fields[p.name] = (Optional[int], Field(None, ge=p.minimum, description=p.option_help(methods)))
+    return create_model("FarctxOverride", __config__=ConfigDict(extra="forbid"), **fields)
 
-    model_config = ConfigDict(extra="forbid")
 
-    method: Optional[Literal[METHODS]] = None  # type: ignore[valid-type]
-    n_ctx_train: Optional[int] = Field(None, ge=0)
-    n_global: Optional[int] = Field(None, ge=0)
-    n_local: Optional[int] = Field(None, ge=0)
-    n_sink: Optional[int] = Field(None, ge=0)
-    first_chunk: Optional[int] = Field(None, ge=1)
-    stair_width: Optional[int] = Field(None, ge=1)
-    last_context: Optional[int] = Field(None, ge=1)
-    gen_budget: Optional[int] = Field(None, ge=0)
-    group: Optional[int] = Field(None, ge=0)
-    neighbor: Optional[int] = Field(None, ge=0)
+FarctxOverride = _override_model()
 
 
 class StreamOptions(BaseModel):
@@ -71,7 +66,7 @@ class _Extensions(BaseModel):
 
     max_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
     n: Optional[int] = Field(default=1, ge=1, le=1, description="one choice per request")
-    farctx: Optional[FarctxOverride] = None
+    farctx: Optional[FarctxOverride] = None  # type: ignore[valid-type]
     return_progress: bool = Field(default=False, description="prompt_progress chunks while a stream prefills")
     stream_options: Optional[StreamOptions] = None
 

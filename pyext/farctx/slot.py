@@ -1,9 +1,10 @@
 """One model behind a lock, its cache sized to each request: what `serve`, `chat` and the llm plugin share.
 
-A `Slot` keeps one `farctx.Llama` and checks every prompt before a token of it is fed:
-fixed-cache methods (lminf, window, lambda-only, streaming) take any length; whole-stream
-methods (mesa, selfextend, rerope) get a cache of prompt + generation (the engine is loaded
-again, larger, up to `ctx_max` cells); vanilla refuses a prompt that does not fit its cache with
+A `Slot` keeps one `farctx.Llama` and checks every prompt before a token of it is fed, by what
+libfarctx's method table says of the method: fixed-cache methods (e.g. lminf) take any length;
+the extrapolating methods that keep the whole stream (e.g. mesa) get libfarctx's cache for prompt +
+generation (the engine is loaded again, larger, up to `ctx_max` cells); the stock graph (vanilla)
+keeps the cache it was given, as llama-server does, and refuses a prompt that does not fit with
 llama.cpp's `exceed_context_size_error` sizes. Nothing is ever truncated.
 """
 
@@ -17,7 +18,7 @@ from typing import Any, Callable, Optional, TextIO, TypeVar
 
 from .engine import Llama, ProgressFn
 from .errors import FarctxError
-from .methods import WHOLE_STREAM_METHODS, MethodParams
+from .methods import MethodParams, cache_cells, method_infos
 from .models import n_ctx_train, resolve_model_path
 
 T = TypeVar("T")
@@ -60,11 +61,29 @@ class SlotLlama(Llama):
         return super().create_completion(*args, **kwargs)
 
     def count_prompt(self, prompt: str | list[int]) -> int:
-        """Tokens llama_cpp.Llama feeds for this prompt (BOS and, where the model adds one, EOS)."""
+        """Tokens llama_cpp.Llama feeds for this prompt (BOS and, where the model adds one, EOS).
+
+        The prompt is tokenized here exactly as llama_cpp.Llama's completion does it, and the tokens are
+        kept for that call (`tokenize`): each prompt is tokenized once."""
         if isinstance(prompt, list):
             return len(prompt)
-        n = len(self.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)) if prompt else 0
+        n = len(self.tokenize(prompt.encode("utf-8"), add_bos=False, special=True, keep=True)) if prompt else 0
         return n + int(self._model.add_bos_token()) + int(self._model.add_eos_token())
+
+    _kept: Optional[tuple[tuple[bytes, bool, bool], list[int]]] = None
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False,  # type: ignore[override]
+                 keep: bool = False) -> list[int]:
+        """llama_cpp.Llama.tokenize; the tokens of count_prompt's call are handed once to the same call
+        that follows (the completion's own tokenization of the prompt)."""
+        key = (bytes(text), add_bos, special)
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0] == key:
+            return list(kept[1])
+        tokens = super().tokenize(text, add_bos, special)
+        if keep:
+            self._kept = (key, list(tokens))
+        return tokens
 
 
 @dataclass
@@ -118,8 +137,8 @@ class Slot:
     def engine(self, method: dict[str, Any], cells: int = 0) -> SlotLlama:
         """The engine for `method`, with a cache of at least `cells` (loaded again when it differs)."""
         n_ctx = int(self.llama_kwargs.get("n_ctx") or 0)
-        if method["method"] in WHOLE_STREAM_METHODS or method["method"] == "vanilla":
-            n_ctx = max(n_ctx or self.n_ctx_train, cells)
+        if not method_infos()[method["method"]].fixed_cache:  # the whole stream: libfarctx's size to start with
+            n_ctx = max(n_ctx or self.cells(method, 0, 0), cells)
         if self.llm is not None and self._loaded["method"] == method and self._loaded["n_ctx"] >= n_ctx:
             return self.llm
         self.unload()
@@ -129,6 +148,12 @@ class Slot:
         self.log.write(f"farctx: {self.llm.method_params.describe()}, cache {self.llm.n_ctx()} cells\n")
         self.log.flush()
         return self.llm
+
+    def cells(self, method: dict[str, Any], n_prompt: int, n_predict: int) -> int:
+        """libfarctx's cache size for a stream of n_prompt + n_predict tokens under `method`."""
+        params = MethodParams.from_kwargs(method["method"], {k: v for k, v in method.items() if k != "method"})
+        n_ubatch = min(self.llama_kwargs.get("n_ubatch") or 512, self.llama_kwargs.get("n_batch") or 512)
+        return cache_cells(params, self.n_ctx_train, n_ubatch, n_prompt, n_predict)
 
     def unload(self) -> None:
         if self.llm is not None:
@@ -147,7 +172,7 @@ class Slot:
         cells = 0
         while True:
             llm = self.engine(method, cells)
-            llm.prompt_check = self._checker(method["method"], llm)
+            llm.prompt_check = self._checker(method, llm)
             llm.progress = progress
             try:
                 return call(llm)
@@ -158,18 +183,20 @@ class Slot:
                     raise ContextError(_EXCEEDS, llm.last_prompt_tokens, llm.n_ctx()) from None
                 raise
 
-    def _checker(self, method: str, llm: SlotLlama) -> Callable[[int, Optional[int]], None]:
+    def _checker(self, method: dict[str, Any], llm: SlotLlama) -> Callable[[int, Optional[int]], None]:
+        info = method_infos()[method["method"]]
+
         def check(n_prompt: int, max_tokens: Optional[int]) -> None:
             n_ctx = llm.n_ctx()
-            if method == "vanilla":
+            if info.stock_graph:
                 if n_prompt >= n_ctx:
                     raise ContextError(_EXCEEDS, n_prompt, n_ctx)
-            elif method in WHOLE_STREAM_METHODS:
+            elif not info.fixed_cache:
                 generation = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_GENERATION
-                needed = n_prompt + generation
+                needed = self.cells(method, n_prompt, generation)
                 if needed > self.ctx_max:
                     raise ContextError(
-                        f"{method} keeps the whole stream in the cache: {n_prompt} prompt tokens + {generation} "
+                        f"{info.name} keeps the whole stream in the cache: {n_prompt} prompt tokens + {generation} "
                         f"to generate need {needed} cells, more than the limit of {self.ctx_max} "
                         "(--ctx-max)", n_prompt, self.ctx_max)
                 if needed > n_ctx:

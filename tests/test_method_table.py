@@ -1,0 +1,157 @@
+"""libfarctx's method table is the one home of the method facts: the Python parameters, the CLI options,
+the server's request fields, the llm plugin's options, cache sizing and `farctx info` all follow it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from test_errors import run_cli
+
+import farctx
+from farctx._native import native
+from farctx.methods import cache_cells, method_infos, param_infos
+
+N = native()
+
+
+def c_params() -> list[dict]:
+    """The C parameter table, read field by field."""
+    rows = []
+    for i in range(N.lib.farctx_param_count()):
+        r = N.lib.farctx_param_get_info(i)
+        rows.append({"name": N.ffi.string(r.name).decode(), "default": r.default_value, "min": r.min_value,
+                     "methods": r.methods, "offset": r.offset})
+    return rows
+
+
+def c_methods() -> list[str]:
+    return [N.ffi.string(N.lib.farctx_method_get_info(m).name).decode() for m in range(N.lib.farctx_method_count())]
+
+
+def test_the_table_describes_struct_farctx_params():
+    rows = c_params()
+    fields = [name for name, _ in N.ffi.typeof("struct farctx_params").fields if name != "method"]
+    assert [r["name"] for r in rows] == fields
+    assert [r["offset"] for r in rows] == [N.ffi.offsetof("struct farctx_params", f) for f in fields]
+    defaults = N.lib.farctx_default_params()
+    assert [getattr(defaults, r["name"]) for r in rows] == [r["default"] for r in rows]
+    p = N.ffi.new("struct farctx_params *", defaults)
+    for i, r in enumerate(rows):  # index-based get/set on the struct
+        assert N.lib.farctx_param_set(p, i, 1000 + i) and getattr(p, r["name"]) == 1000 + i
+        assert N.lib.farctx_param_get(p, i) == 1000 + i
+    assert not N.lib.farctx_param_set(p, len(rows), 1)
+    assert N.lib.farctx_param_get_info(len(rows)).name == N.ffi.NULL
+
+
+def test_python_parameters_equal_the_c_table():
+    rows = c_params()
+    assert farctx.METHODS == tuple(c_methods())
+    assert farctx.MethodParams.names() == [r["name"] for r in rows]
+    default = farctx.MethodParams()
+    assert [getattr(default, r["name"]) for r in rows] == [r["default"] for r in rows]
+    for m, method in enumerate(c_methods()):
+        readers = [r["name"] for r in rows if r["methods"] & (1 << m)]
+        assert list(farctx.MethodParams(method=method).relevant()) == readers
+
+
+def _method_options(command: click.Command) -> dict[str, click.Option]:
+    names = set(farctx.MethodParams.names())
+    return {p.name: p for p in command.params if isinstance(p, click.Option) and p.name in names}
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "eval ppl", "eval passkey"])
+def test_cli_options_equal_the_c_table(command):
+    from farctx_cli.main import main
+
+    cmd = main
+    for word in command.split():
+        cmd = cmd.commands[word]  # type: ignore[attr-defined]
+    options = _method_options(cmd)
+    rows = c_params()
+    assert list(options) == [r["name"] for r in rows]
+    for r in rows:
+        opt = options[r["name"]]
+        assert opt.opts == ["--" + r["name"].replace("_", "-")]
+        assert opt.default is None and opt.type.min == r["min"]  # type: ignore[attr-defined]
+
+
+def test_server_fields_equal_the_c_table():
+    from farctx.server import FarctxOverride
+
+    fields = FarctxOverride.model_fields
+    rows = c_params()
+    assert list(fields) == ["method"] + [r["name"] for r in rows]
+    for r in rows:
+        assert [m.ge for m in fields[r["name"]].metadata if hasattr(m, "ge")] == [r["min"]]
+    with pytest.raises(ValueError):
+        FarctxOverride(method="magic")
+
+
+def test_llm_plugin_options_equal_the_c_table():
+    sys.path.insert(0, str(Path(__file__).parent.parent / "llm-farctx"))
+    import llm_farctx
+
+    fields = llm_farctx.FarctxModel.Options.model_fields
+    rows = c_params()
+    assert [name for name in fields if name in {"method"} | {r["name"] for r in rows}] == \
+        ["method"] + [r["name"] for r in rows]
+    for r in rows:
+        assert [m.ge for m in fields[r["name"]].metadata if hasattr(m, "ge")] == [r["min"]]
+
+
+def test_cache_sizing_one_rule():
+    """Fixed-cache methods: head + n_local + n_ubatch; the others, vanilla included, the whole stream
+    (n_prompt + n_predict), or n_ctx_train when its length is not known."""
+    for name, info in method_infos().items():
+        p = farctx.MethodParams(method=name, n_ctx_train=100, n_local=40, n_global=3, n_sink=2)
+        if info.fixed_cache:
+            head = {"n_global": 3, "n_sink": 2, None: 0}[info.head]
+            assert cache_cells(p, 0, 16) == cache_cells(p, 0, 16, 5000, 10) == head + 40 + 16
+        else:
+            assert cache_cells(p, 0, 16) == 100
+            assert cache_cells(p, 0, 16, 5000, 10) == 5010
+    assert cache_cells(farctx.MethodParams(method="streaming"), 64, 8) == 64 + 8  # sinks + window = n_ctx_train
+    assert cache_cells(farctx.MethodParams(method="vanilla"), 64, 8) == 64
+
+
+@pytest.fixture(scope="module")
+def swa_model(tmp_path_factory, default_model) -> Path:
+    from tiny_gguf import TinyConfig, write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("swa") / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
+
+
+def _c_support(path: Path) -> dict[str, str]:
+    """farctx_method_supported straight from C on the loaded model."""
+    from farctx.engine import load_model_params_only
+
+    out = {}
+    with load_model_params_only(path) as (nat, model):
+        err = nat.ffi.new("char[]", 512)
+        for m, name in enumerate(c_methods()):
+            rc = nat.lib.farctx_method_supported(m, model, err, 512)
+            out[name] = "" if rc == nat.lib.FARCTX_OK else nat.ffi.string(err).decode()
+    return out
+
+
+def test_info_reports_c_refusal(swa_model):
+    c = _c_support(swa_model)
+    assert c["vanilla"] == "" and c["lminf"] == "sliding-window layers"
+    result = run_cli("info", "-m", str(swa_model), "--json")
+    assert result.returncode == 0, result.stderr
+    reported = json.loads(result.stdout)["methods"]
+    assert reported == {m: "yes" if not why else f"no: {why}" for m, why in c.items()}
+    text = run_cli("info", "-m", str(swa_model))
+    assert f"lminf        no: {c['lminf']}" in text.stdout
+    # session init makes the same check, with the same reason
+    with pytest.raises(farctx.FarctxError, match=f"lminf cannot run on this model \\({c['lminf']}\\)"):
+        farctx.Llama(str(swa_model), method="lminf")
+
+
+def test_info_on_a_supported_model(tiny_model):
+    assert set(_c_support(tiny_model).values()) == {""}
+    assert set(farctx.method_support(tiny_model).values()) == {"yes"}
