@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .options import llama_kwargs, method_options, model_option, runtime_options
+from .options import llama_kwargs, method_options, model_option, runtime_options, whole_stream_label
 
 
 @click.command()
@@ -22,7 +22,7 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--top-p", type=float, default=0.95, show_default=True)
 @click.option("--ctx-max", type=click.IntRange(0), default=0,
-              help="mesa/selfextend/rerope: largest cache the conversation may grow it to (0: 8 x n_ctx_train)")
+              help=f"{whole_stream_label()}: largest cache the conversation may grow it to (0: 8 x n_ctx_train)")
 @runtime_options()
 @method_options()
 def chat(model: str | None, system: str | None, file: str | None, n_predict: int, temp: float, seed: int,

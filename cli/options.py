@@ -62,6 +62,13 @@ def method_options(with_method: bool = True) -> Decorator:
     )
 
 
+def whole_stream_label() -> str:
+    """The extrapolating methods that keep the whole stream in the cache, "mesa/selfextend/rerope"-style."""
+    from farctx.methods import method_infos
+
+    return "/".join(m.name for m in method_infos().values() if not m.fixed_cache and not m.stock_graph)
+
+
 def method_keys() -> tuple[str, ...]:
     """The options method_options adds (without --method): the parameter table's names."""
     from farctx.methods import param_infos

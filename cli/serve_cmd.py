@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .options import llama_kwargs, method_options, model_option, runtime_options
+from .options import llama_kwargs, method_options, model_option, runtime_options, whole_stream_label
 
 
 @click.command()
@@ -16,7 +16,7 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="port to listen on")
 @click.option("-a", "--alias", default=None, help="the model's name in the API (default: the file name)")
 @click.option("--ctx-max", type=click.IntRange(0), default=0,
-              help="mesa/selfextend/rerope: largest cache a request may grow it to (0: 8 x n_ctx_train)")
+              help=f"{whole_stream_label()}: largest cache a request may grow it to (0: 8 x n_ctx_train)")
 @click.option("--no-override", is_flag=True, help="refuse a per-request method (the `farctx` body field)")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
@@ -26,9 +26,9 @@ def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: i
           log_level: str, **opts: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
 
-    Prompts past the cache stream through it with lminf/window/lambda-only/streaming; with
-    mesa/selfextend/rerope the cache is sized to each prompt (up to --ctx-max); vanilla answers a
-    prompt that does not fit with llama.cpp's exceed_context_size_error. A request may ask for
+    Prompts past the cache stream through it with the fixed-cache methods (e.g. lminf); with the
+    methods that keep the whole stream (e.g. mesa) the cache is sized to each prompt (up to
+    --ctx-max); vanilla answers a prompt that does not fit with llama.cpp's exceed_context_size_error. A request may ask for
     another method with a `farctx` field ({"method": "mesa", ...}): the engine is loaded again
     for it.
     """
