@@ -148,10 +148,13 @@ def info(model: str | None, as_json: bool) -> None:
     """Architecture, trained context, RoPE, sliding window, and the methods the model supports."""
     import farctx
 
+    from farctx.backends import backends, devices
+
     details = farctx.model_info(model)
     details.methods = farctx.method_support(details)
+    build = {"version": farctx.__version__, "backends": backends(), "devices": [d.as_dict() for d in devices()]}
     if as_json:
-        click.echo(json.dumps(details.as_dict()))
+        click.echo(json.dumps({**details.as_dict(), "build": build}))
         return
     rows = [
         ("model", details.path),
@@ -168,6 +171,8 @@ def info(model: str | None, as_json: bool) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
+    click.echo(f"{'backends':<{width}}  {', '.join(build['backends'])}")
+    click.echo(f"{'devices':<{width}}  {', '.join(d['name'] for d in build['devices']) or 'none'}")
     click.echo("methods:")
     for method, support in details.methods.items():
         click.echo(f"  {method:<12} {support}")

@@ -35,7 +35,7 @@ def registered() -> dict[str, str]:
 @llm.hookimpl
 def register_models(register: Any) -> None:
     try:
-        register(FarctxModel("farctx", str(farctx.default_model_path())))
+        register(FarctxModel("farctx", str(farctx.default_model_path(install=False))))
     except farctx.FarctxError:
         pass  # no bundled model here
     for alias, path in sorted(registered().items()):

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build the patched llama.cpp and libfarctx into build/cmake/bin (CPU by default).
+# Build the patched llama.cpp and libfarctx into build/cmake/bin (CPU by default) and, when the
+# .venv has farctx installed (scripts/setup.sh), install them into its package (farctx/lib).
 #   FARCTX_CUDA=1 scripts/build.sh            CUDA build into build/cmake-cuda
 #   CUDA_ARCHITECTURES="90" ...               architectures for the CUDA build
 #   FARCTX_VULKAN=1 scripts/build.sh          Vulkan build into build/cmake-vulkan
 #   FARCTX_STOCK=1 scripts/build.sh           stock llama.cpp (no patches) into build/cmake-stock
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/fetch-llama.sh"
+PYTHON=${PYTHON:-python3} "$root/scripts/fetch-llama.sh"
 export CCACHE_BASEDIR="$root"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_NOHASHDIR=1
@@ -35,3 +36,9 @@ fi
 cmake --build "$out" -j "$jobs" 2>&1 | { grep -v '^\[[0-9/]*\] ' || true; }
 test -f "$out/bin/libllama.so" -o -f "$out/bin/libllama.dylib"
 echo "farctx: libraries in $out/bin" >&2
+venv_py="$root/.venv/bin/python"
+if [ "$out" = "$root/build/cmake" ] && [ -x "$venv_py" ] \
+        && site=$("$venv_py" -c "import farctx, sysconfig; print(sysconfig.get_paths()['platlib'])" 2>/dev/null); then
+    cmake --install "$out" --component farctx --prefix "$site" >/dev/null
+    echo "farctx: installed into $site/farctx/lib" >&2
+fi

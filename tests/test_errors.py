@@ -13,7 +13,7 @@ import farctx
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "farctx_cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "farctx.cli.main", *args], capture_output=True, text=True,
                           input=stdin, timeout=300)
 
 

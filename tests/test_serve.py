@@ -28,7 +28,7 @@ def _free_port() -> int:
 def server(tiny_model, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = [sys.executable, "-m", "farctx_cli.main", "serve", "-m", str(tiny_model), "--method", "lminf",
+    args = [sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--method", "lminf",
             "--port", str(port), "-ub", "16", "--ctx-max", "512", "-a", "tiny", "--log-level", "warning"]
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)

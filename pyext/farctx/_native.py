@@ -1,19 +1,16 @@
-"""cffi binding of libfarctx; the declarations are read from native/farctx.h."""
+"""cffi binding of libfarctx; the declarations are read from its farctx.h (installed beside it)."""
 
 from __future__ import annotations
 
 import ctypes
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import cffi
 
 from . import _paths
 from .errors import FarctxError
-
-_HEADER = _paths.REPO_ROOT / "native" / "farctx.h"
 
 
 def cdef_source(header: str) -> str:
@@ -39,7 +36,7 @@ class Native:
             )
         self.llama_cpp = llama_cpp
         self.ffi = cffi.FFI()
-        self.ffi.cdef(cdef_source(Path(_HEADER).read_text()))
+        self.ffi.cdef(cdef_source(_paths.header_path().read_text()))
         self.lib: Any = self.ffi.dlopen(str(_paths.farctx_lib_path()))
 
     def llama_context_ptr(self, ctx: Any) -> Any:

@@ -1,40 +1,70 @@
 """Where the native libraries are, and pointing llama-cpp-python at ours.
 
-Importing this module sets LLAMA_CPP_LIB_PATH (unless the user set it) so that the
-`llama_cpp` package loads the patched libllama that libfarctx links against.
+The build installs libfarctx, the patched libllama/libggml* and farctx.h (the cffi declarations,
+kept beside the library they describe) into the package's `lib/` folder; they are found relative
+to the package, never through a source tree. FARCTX_LIB_DIR overrides the folder (a developer's
+build/cmake-cuda/bin, say). Importing this module does nothing; `point_llama_cpp_at_our_build`
+sets LLAMA_CPP_LIB_PATH (unless the user set it) so that `llama_cpp` loads our libllama.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib import resources
 from pathlib import Path
 
 from .errors import FarctxError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _LIB_NAMES = {"darwin": "libfarctx.dylib", "win32": "farctx.dll"}
-
-
-def lib_dir() -> Path:
-    """The folder holding libfarctx and the patched libllama/libggml*."""
-    env = os.environ.get("FARCTX_LIB_DIR")
-    candidates = [Path(env)] if env else [REPO_ROOT / "build" / "cmake" / "bin"]
-    for folder in candidates:
-        if (folder / _lib_file()).exists():
-            return folder
-    raise FarctxError(
-        f"farctx native libraries not found in {candidates[0]}: build them with scripts/build.sh "
-        "(or set FARCTX_LIB_DIR)"
-    )
+HEADER_NAME = "farctx.h"
 
 
 def _lib_file() -> str:
     return _LIB_NAMES.get(sys.platform, "libfarctx.so")
 
 
+def _package_lib_dirs() -> list[Path]:
+    """farctx/lib of the installed package (an editable install may spread the package over a
+    source folder and the installed one: every location is looked at)."""
+    found = []
+    try:
+        root = resources.files(__package__)
+        locations = getattr(root, "_paths", None) or [root]  # MultiplexedPath keeps its folders
+        for location in locations:
+            found.append(Path(str(location)) / "lib")
+    except (ModuleNotFoundError, TypeError, ValueError):
+        pass
+    here = Path(__file__).resolve().parent / "lib"
+    if here not in found:
+        found.append(here)
+    return found
+
+
+def lib_dir() -> Path:
+    """The folder holding libfarctx, farctx.h and the patched libllama/libggml*."""
+    env = os.environ.get("FARCTX_LIB_DIR")
+    candidates = [Path(env)] if env else _package_lib_dirs()
+    for folder in candidates:
+        if (folder / _lib_file()).exists():
+            return folder
+    if env:
+        raise FarctxError(f"FARCTX_LIB_DIR={env} holds no {_lib_file()}")
+    raise FarctxError(
+        f"farctx's native libraries are not installed (looked in {', '.join(map(str, candidates))}): "
+        "reinstall the package (pip install farctx, or scripts/setup.sh in a checkout)"
+    )
+
+
 def farctx_lib_path() -> Path:
     return lib_dir() / _lib_file()
+
+
+def header_path() -> Path:
+    path = lib_dir() / HEADER_NAME
+    if not path.exists():
+        raise FarctxError(f"{path} is missing: the build installs it beside {_lib_file()}")
+    return path
 
 
 def point_llama_cpp_at_our_build() -> None:

@@ -37,7 +37,9 @@ class BenchResult:
 
 
 def stock_lib_dir() -> Path:
-    folder = Path(os.environ.get("FARCTX_STOCK_LIB_DIR", _paths.REPO_ROOT / "build" / "cmake-stock" / "bin"))
+    """Stock llama.cpp built from the same source (FARCTX_STOCK_LIB_DIR, or a checkout's build/cmake-stock)."""
+    checkout = Path(__file__).resolve().parents[2]  # meaningful in a checkout (editable install) only
+    folder = Path(os.environ.get("FARCTX_STOCK_LIB_DIR", checkout / "build" / "cmake-stock" / "bin"))
     if not (folder / "libllama.so").exists() and not (folder / "libllama.dylib").exists():
         raise FarctxError(f"stock llama.cpp not built in {folder}: run FARCTX_STOCK=1 scripts/build.sh")
     return folder

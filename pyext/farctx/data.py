@@ -19,7 +19,10 @@ NOVELS = ("emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejud
 def _convert(data: bytes) -> object:
     import warnings
 
-    import rdata
+    try:
+        import rdata
+    except ImportError:
+        raise FarctxError("reading Jane Austen's novels needs rdata: pip install 'farctx[eval]'") from None
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Unknown file type: assumed RDS": it is one

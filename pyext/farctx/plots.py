@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from .errors import FarctxError
+
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise FarctxError("plots need matplotlib: pip install 'farctx[eval]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
