@@ -65,7 +65,7 @@ def _method_options(command: click.Command) -> dict[str, click.Option]:
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve", "eval ppl", "eval passkey"])
 def test_cli_options_equal_the_c_table(command):
-    from farctx_cli.main import main
+    from farctx.cli.main import main
 
     cmd = main
     for word in command.split():
