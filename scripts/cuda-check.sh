@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA build on a machine without a GPU (not part of CI's tests).
+#   CUDA_CHECK_PIP=1 scripts/cuda-check.sh   the same through pip (CMAKE_ARGS=-DGGML_CUDA=on ...): a wheel with libggml-cuda.so
 # Configures and builds the patched llama.cpp with ggml-cuda, plus libfarctx, into
 # build/cmake-cuda for one architecture (default 90, Hopper), GGML_NATIVE=OFF.
 #
@@ -43,6 +44,26 @@ fi
 say "nvcc $FARCTX_NVCC ($("$FARCTX_NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')), cuBLAS ${FARCTX_CUBLAS_DIR:-in the toolkit}"
 say "CUDA architectures: $arch, jobs: ${JOBS:-$(nproc)}"
 
+if [ "${CUDA_CHECK_PIP:-0}" = 1 ]; then
+    # the user's way in: pip with CMAKE_ARGS, the wheel into build/dist-cuda (CMake tree in
+    # build/cmake-cuda-pip); passes when the wheel carries farctx/lib/libggml-cuda.so
+    start=$(date +%s)
+    say "pip wheel with CMAKE_ARGS=-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$arch"
+    rm -rf "$root/build/dist-cuda"
+    status=0
+    PATH="$root/.venv/bin:$PATH" CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$arch $FARCTX_CUDA_CMAKE ${CMAKE_ARGS:-}" \
+        nice -n 19 "$PY" -m pip wheel -v --disable-pip-version-check --no-deps --no-build-isolation \
+        --config-settings=build-dir=build/cmake-cuda-pip -w "$root/build/dist-cuda" "$root" >>"$log" 2>&1 || status=$?
+    elapsed=$(( $(date +%s) - start ))
+    wheel=$(ls "$root"/build/dist-cuda/farctx-*.whl 2>/dev/null || true)
+    if [ "$status" != 0 ] || [ -z "$wheel" ] || ! "$PY" -m zipfile -l "$wheel" | grep -q "farctx/lib/libggml-cuda.so"; then
+        tail -n 40 "$log" >&2
+        say "pip CUDA wheel FAILED after ${elapsed}s (exit $status); log: build/cuda-check.log"
+        exit 1
+    fi
+    say "pip CUDA wheel passed in ${elapsed}s: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB, libggml-cuda.so inside)"
+    exit 0
+fi
 start=$(date +%s)
 # an existing build folder keeps its cache: re-apply the arguments that this check decides
 if [ -f "$out/CMakeCache.txt" ]; then
