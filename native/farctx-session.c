@@ -46,7 +46,7 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
             rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model "
                                                   "with one unified KV cache: no recurrent, MLA, M-RoPE or "
                                                   "sliding-window layers)" :
-            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context has several KV streams (use n_seq_max = 1)" :
+            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context holds several sequences (use n_seq_max = 1)" :
                                                   "llama.cpp refused the attention parameters");
         free(s);
         return NULL;

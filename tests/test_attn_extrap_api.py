@@ -1,0 +1,152 @@
+"""The patched llama.h's attention-extrapolation API reached directly (ctypes), without libfarctx: what
+llama_set_attn_extrap accepts and refuses, and what llama_decode does with a fill callback written here."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import random_tokens
+
+import farctx  # noqa: F401  (first: points llama_cpp at the patched library)
+import llama_cpp
+
+OK, ERR_MODE, ERR_PARAM, ERR_MODEL, ERR_CONTEXT = 0, -1, -2, -3, -4
+NONE, CUSTOM = 0, 1
+I32P, F32P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
+
+
+class Ubatch(ctypes.Structure):
+    """struct llama_attn_extrap_ubatch"""
+
+    _fields_ = [
+        ("n_tokens", ctypes.c_int32), ("n_kv", ctypes.c_int32), ("n_seg2", ctypes.c_int32),
+        ("q_pos", I32P), ("kv_pos", I32P), ("mask", F32P),
+        ("q_delta", I32P), ("k_delta", I32P), ("q_scale", F32P),
+        ("seg2_mask", F32P), ("seg2_q_delta", I32P), ("seg2_k_delta", I32P), ("seg2_pos", I32P),
+    ]
+
+
+FILL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(Ubatch))
+
+
+class Params(ctypes.Structure):
+    """struct llama_attn_extrap_params"""
+
+    _fields_ = [
+        ("mode", ctypes.c_int32), ("n_seg2", ctypes.c_int32), ("kv_first", ctypes.c_int32),
+        ("use_q_delta", ctypes.c_bool), ("use_k_delta", ctypes.c_bool), ("use_q_scale", ctypes.c_bool),
+        ("fill", FILL), ("user_data", ctypes.c_void_p),
+    ]
+
+
+def _bind(name: str, restype: object, *argtypes: object) -> Callable[..., object]:
+    fn = getattr(llama_cpp.llama_cpp._lib, name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
+set_attn_extrap = _bind("llama_set_attn_extrap", ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(Params))
+default_params = _bind("llama_attn_extrap_default_params", Params)
+
+
+def vanilla_rows(ub: Ubatch) -> None:
+    """The causal mask of every query row (vanilla attention through the CUSTOM path)."""
+    n_tok, n_kv = ub.n_tokens, ub.n_kv
+    q_pos = np.ctypeslib.as_array(ub.q_pos, shape=(n_tok,))
+    kv_pos = np.ctypeslib.as_array(ub.kv_pos, shape=(n_kv,))
+    mask = np.ctypeslib.as_array(ub.mask, shape=(n_tok, n_kv))
+    mask[:] = np.where((kv_pos[None, :] >= 0) & (kv_pos[None, :] <= q_pos[:, None]), 0.0, -math.inf)
+
+
+class Fill:
+    """A fill callback in Python: vanilla rows, or an error (non-zero) for the calls listed in `fail_calls`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail_calls: set[int] = set()
+        self.c_fn = FILL(self._fill)  # kept alive as long as this object
+
+    def _fill(self, _user_data: object, ub_p: object) -> int:
+        call = self.calls
+        self.calls += 1
+        if call in self.fail_calls:
+            return 1
+        vanilla_rows(ub_p.contents)
+        return 0
+
+    def params(self, **fields: object) -> Params:
+        p = default_params()
+        p.mode, p.fill = CUSTOM, self.c_fn
+        for name, value in fields.items():
+            setattr(p, name, value)
+        return p
+
+
+@contextmanager
+def raw_context(model_path: Path, **cparams: object) -> Iterator[tuple[object, object]]:
+    """A llama_model and llama_context made with llama.cpp's own C API; cparams are llama_context_params fields."""
+    mparams = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
+    assert model
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 128, 128, 128, 1
+    for name, value in cparams.items():
+        setattr(params, name, value)
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    assert ctx
+    try:
+        yield model, ctx
+    finally:
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
+
+
+def decode(ctx: object, tokens: list[int], pos0: int) -> int:
+    """llama_decode of tokens at positions pos0.. in sequence 0, logits for the last one."""
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    try:
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos0 + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        return llama_cpp.llama_decode(ctx, batch)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+
+
+def last_logits(model: object, ctx: object) -> np.ndarray:
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_several_sequences_refused(tiny_model, kv_unified):
+    """n_seq_max > 1 is refused whatever the cache layout: the mask is built for the first token's sequence,
+    so another sequence's rows would come out fully masked (a unified cache passed the check before)."""
+    fill = Fill()
+    with raw_context(tiny_model, n_seq_max=2, kv_unified=kv_unified) as (_, ctx):
+        assert set_attn_extrap(ctx, fill.params()) == ERR_CONTEXT
+        assert set_attn_extrap(ctx, default_params()) == OK  # mode NONE: the stock graph, any context
+    with raw_context(tiny_model, n_seq_max=1, kv_unified=kv_unified) as (_, ctx):
+        assert set_attn_extrap(ctx, fill.params()) == OK
+
+
+def test_custom_vanilla_matches_stock(tiny_model):
+    """The CUSTOM path with a vanilla mask written in Python gives stock's logits (the binding is right)."""
+    tokens = random_tokens(40, seed=61)
+    with raw_context(tiny_model) as (model, ctx):
+        assert decode(ctx, tokens, 0) == 0
+        stock = last_logits(model, ctx)
+    fill = Fill()
+    with raw_context(tiny_model) as (model, ctx):
+        assert set_attn_extrap(ctx, fill.params(use_k_delta=True)) == OK
+        assert decode(ctx, tokens, 0) == 0
+        assert fill.calls == 1
+        np.testing.assert_allclose(last_logits(model, ctx), stock, atol=1e-4)
