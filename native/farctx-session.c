@@ -93,11 +93,6 @@ void farctx_session_free(struct farctx_session * session) {
     free(session);
 }
 
-static bool same_graph(const struct llama_attn_extrap_params * a, const struct llama_attn_extrap_params * b) {
-    return a->mode == b->mode && a->n_seg2 == b->n_seg2 && a->kv_first == b->kv_first &&
-           a->use_q_delta == b->use_q_delta && a->use_k_delta == b->use_k_delta && a->use_q_scale == b->use_q_scale;
-}
-
 static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
     const int64_t n_ctx = llama_n_ctx(s->ctx);
     const int64_t need  = s->n_past + n_tokens;
@@ -195,7 +190,7 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         } else if (!plain) {
             farctx_policy_batch_params(s, n, &ex);
         }
-        if (!same_graph(&ex, &s->active)) {
+        if (!llama_attn_extrap_same_graph(&ex, &s->active)) {
             const int32_t rc = llama_set_attn_extrap(s->ctx, &ex);
             if (rc != LLAMA_ATTN_EXTRAP_OK) {
                 llama_batch_free(batch);

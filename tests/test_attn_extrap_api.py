@@ -55,13 +55,20 @@ set_attn_extrap = _bind("llama_set_attn_extrap", ctypes.c_int32, ctypes.c_void_p
 default_params = _bind("llama_attn_extrap_default_params", Params)
 
 
-def vanilla_rows(ub: Ubatch) -> None:
-    """The causal mask of every query row (vanilla attention through the CUSTOM path)."""
-    n_tok, n_kv = ub.n_tokens, ub.n_kv
+def causal(q_pos: np.ndarray, kv_pos: np.ndarray) -> np.ndarray:
+    return np.where((kv_pos[None, :] >= 0) & (kv_pos[None, :] <= q_pos[:, None]), 0.0, -math.inf)
+
+
+def vanilla_rows(ub: Ubatch, seg2_cells: int) -> None:
+    """Vanilla attention through the CUSTOM path: the causal mask over the main segment and, in the second
+    segment, over its first seg2_cells cells (those below the main segment's first cell, kv_first)."""
+    n_tok, n_kv, n_seg2 = ub.n_tokens, ub.n_kv, ub.n_seg2
     q_pos = np.ctypeslib.as_array(ub.q_pos, shape=(n_tok,))
-    kv_pos = np.ctypeslib.as_array(ub.kv_pos, shape=(n_kv,))
-    mask = np.ctypeslib.as_array(ub.mask, shape=(n_tok, n_kv))
-    mask[:] = np.where((kv_pos[None, :] >= 0) & (kv_pos[None, :] <= q_pos[:, None]), 0.0, -math.inf)
+    np.ctypeslib.as_array(ub.mask, shape=(n_tok, n_kv))[:] = causal(q_pos, np.ctypeslib.as_array(ub.kv_pos, shape=(n_kv,)))
+    if n_seg2:
+        seg2 = causal(q_pos, np.ctypeslib.as_array(ub.seg2_pos, shape=(n_seg2,)))
+        seg2[:, seg2_cells:] = -math.inf
+        np.ctypeslib.as_array(ub.seg2_mask, shape=(n_tok, n_seg2))[:] = seg2
 
 
 class Fill:
@@ -70,6 +77,7 @@ class Fill:
     def __init__(self) -> None:
         self.calls = 0
         self.fail_calls: set[int] = set()
+        self.seg2_cells = 0  # cells of the second segment that vanilla attention reads (kv_first)
         self.c_fn = FILL(self._fill)  # kept alive as long as this object
 
     def _fill(self, _user_data: object, ub_p: object) -> int:
@@ -77,7 +85,7 @@ class Fill:
         self.calls += 1
         if call in self.fail_calls:
             return 1
-        vanilla_rows(ub_p.contents)
+        vanilla_rows(ub_p.contents, self.seg2_cells)
         return 0
 
     def params(self, **fields: object) -> Params:
@@ -150,3 +158,61 @@ def test_custom_vanilla_matches_stock(tiny_model):
         assert decode(ctx, tokens, 0) == 0
         assert fill.calls == 1
         np.testing.assert_allclose(last_logits(model, ctx), stock, atol=1e-4)
+
+
+@contextmanager
+def reserve_count() -> Iterator[Callable[[], int]]:
+    """Counts llama.cpp's compute-buffer reservations (its log line "sched_reserve: reserving ...") while open;
+    farctx's own log receiver is put back afterwards."""
+    from farctx.engine import _LOG
+
+    lines: list[str] = []
+    callback = llama_cpp.llama_log_callback(lambda _level, text, _data: lines.append(text.decode(errors="replace")))
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    try:
+        yield lambda: sum("sched_reserve: reserving ..." in line for line in lines)
+    finally:
+        llama_cpp.llama_log_set(_LOG._callback, ctypes.c_void_p(0))
+
+
+GRAPH_FIELDS = {"n_seg2": 12, "kv_first": 8, "use_q_delta": True, "use_k_delta": True, "use_q_scale": True}
+
+
+@pytest.mark.parametrize("field", sorted(GRAPH_FIELDS))
+def test_every_graph_field_reserves(tiny_model, field):
+    """A change of any field that shapes the graph makes the next llama_decode reserve the compute buffers
+    again, and only such a change (kv_first alone never did: llama_context kept its own, shorter comparison)."""
+    tokens = random_tokens(24, seed=62)
+    fill = Fill()
+    base = dict(n_seg2=16, kv_first=4)
+    with raw_context(tiny_model) as (_, ctx), reserve_count() as reserves:
+        assert set_attn_extrap(ctx, fill.params(**base)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        before = reserves()
+        other = Fill()  # another callback and user_data: the same graph
+        assert set_attn_extrap(ctx, other.params(**base, user_data=1)) == OK
+        assert decode(ctx, tokens[20:21], 20) == 0
+        assert reserves() == before
+        assert set_attn_extrap(ctx, fill.params(**{**base, field: GRAPH_FIELDS[field]})) == OK
+        assert decode(ctx, tokens[21:22], 21) == 0
+        assert reserves() == before + 1, f"a change of {field} alone did not reserve"
+
+
+def test_kv_first_changes_between_ubatches(tiny_model):
+    """Vanilla attention split at kv_first into two segments (cells below it as the second segment), with
+    kv_first moving between ubatches of one stream: the logits of every ubatch equal stock's."""
+    tokens = random_tokens(48, seed=63)
+    cuts = [(0, 16, 0), (16, 24, 16), (24, 32, 8), (32, 48, 24)]  # ubatch [a, b) with kv_first k
+    stock = []
+    with raw_context(tiny_model) as (model, ctx):
+        for a, b, _ in cuts:
+            assert decode(ctx, tokens[a:b], a) == 0
+            stock.append(last_logits(model, ctx))
+    fill = Fill()
+    with raw_context(tiny_model) as (model, ctx):
+        for (a, b, k), ref in zip(cuts, stock):
+            params = fill.params(n_seg2=32, kv_first=k) if k else fill.params()
+            fill.seg2_cells = k
+            assert set_attn_extrap(ctx, params) == OK
+            assert decode(ctx, tokens[a:b], a) == 0
+            np.testing.assert_allclose(last_logits(model, ctx), ref, atol=1e-4)
