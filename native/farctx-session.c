@@ -211,8 +211,9 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         s->fill_error = false;
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
-        if (ret == 0 && s->fill_error) {
-            /* the policy refused the ubatch (its message is in s->error): nothing of it stays */
+        if (s->fill_error) {
+            /* the policy refused the ubatch (its message is in s->error; llama_decode failed it without
+             * computing it): nothing of it stays */
             llama_batch_free(batch);
             llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
             return FARCTX_ERR_PARAM;

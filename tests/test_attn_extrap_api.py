@@ -216,3 +216,65 @@ def test_kv_first_changes_between_ubatches(tiny_model):
             assert set_attn_extrap(ctx, params) == OK
             assert decode(ctx, tokens[a:b], a) == 0
             np.testing.assert_allclose(last_logits(model, ctx), ref, atol=1e-4)
+
+
+def test_failed_fill_aborts_decode(tiny_model):
+    """A fill callback that returns non-zero makes llama_decode fail (-3) without computing the ubatch, its
+    tokens leave the memory, and the same tokens decoded again give stock's logits (the stream is as before)."""
+    tokens = random_tokens(28, seed=64)
+    with raw_context(tiny_model) as (model, ctx):
+        assert decode(ctx, tokens[:20], 0) == 0
+        assert decode(ctx, tokens[20:], 20) == 0
+        stock = last_logits(model, ctx)
+    fill = Fill()
+    fill.fail_calls = {1}
+    with raw_context(tiny_model) as (model, ctx):
+        mem = llama_cpp.llama_get_memory(ctx)
+        assert set_attn_extrap(ctx, fill.params(use_k_delta=True)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        assert decode(ctx, tokens[20:], 20) == -3
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 19
+        assert decode(ctx, tokens[20:], 20) == 0
+        assert fill.calls == 3
+        np.testing.assert_allclose(last_logits(model, ctx), stock, atol=1e-4)
+
+
+get_attn_extrap = _bind("llama_get_attn_extrap", Params, ctypes.c_void_p)
+
+
+def test_session_keeps_its_stream_when_the_fill_fails(tiny_model):
+    """libfarctx's own fill refusing a ubatch (here: the context's settings changed behind the session's back,
+    so the second segment holds more than the global tokens): the feed reports the fill's reason, the stream
+    keeps its length, and once the settings are back the same token gives the logits of an untouched run."""
+    from farctx.engine import _ffi, _lib
+
+    tokens = random_tokens(42, seed=65)
+    kwargs = dict(method="lminf", n_global=4, n_local=16, n_ubatch=8, n_batch=8)
+    clean = farctx.Llama(str(tiny_model), **kwargs)
+    try:
+        clean.eval(tokens[:41])
+        expected = clean.score(tokens[41:])[0]
+    finally:
+        clean.close()
+    llm = farctx.Llama(str(tiny_model), **kwargs)
+    try:
+        llm.eval(tokens[:41])
+        n_past = llm.stats()["n_past"]
+        ctx = llm.ctx
+        params = get_attn_extrap(ctx)
+        assert params.mode == CUSTOM and params.kv_first > 0  # lminf's single-query decode
+        wider = get_attn_extrap(ctx)
+        wider.n_seg2 += 8
+        assert set_attn_extrap(ctx, wider) == OK
+        token = np.array(tokens[41:], dtype=np.int32)
+        rc = _lib.farctx_session_feed(llm._session, _ffi.from_buffer("int32_t[]", token), 1, False, _ffi.NULL,
+                                      _ffi.NULL, _ffi.NULL)
+        assert rc == _lib.FARCTX_ERR_PARAM
+        assert "not in the first cells" in _ffi.string(_lib.farctx_session_error(llm._session)).decode()
+        assert llm.stats()["n_past"] == n_past
+        assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx), 0) == n_past - 1
+        assert set_attn_extrap(ctx, params) == OK
+        got = llm.score(tokens[41:])[0]
+    finally:
+        llm.close()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
