@@ -278,3 +278,27 @@ def test_session_keeps_its_stream_when_the_fill_fails(tiny_model):
     finally:
         llm.close()
     np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+model_supported = _bind("llama_model_attn_extrap_supported", ctypes.c_bool, ctypes.c_void_p, ctypes.c_char_p,
+                        ctypes.c_size_t)
+
+
+def test_model_supported_without_a_context(tiny_model, default_model, tmp_path):
+    """llama_model_attn_extrap_supported answers from the model alone (what `farctx info` needs), with the
+    reason on refusal, and llama_set_attn_extrap refuses exactly those models (ERR_MODEL)."""
+    from tiny_gguf import TinyConfig, write_tiny_gguf
+
+    gemma3 = write_tiny_gguf(tmp_path / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
+    fill = Fill()
+    for path, supported, reason in [(tiny_model, True, ""), (gemma3, False, "sliding-window attention layers")]:
+        with raw_context(path) as (model, ctx):
+            err = ctypes.create_string_buffer(256)
+            assert model_supported(model, err, len(err)) is supported
+            assert reason in err.value.decode() and (supported or "'gemma3'" in err.value.decode())
+            assert model_supported(model, None, 0) is supported  # no message wanted
+            assert set_attn_extrap(ctx, fill.params()) == (OK if supported else ERR_MODEL)
+    short = ctypes.create_string_buffer(8)
+    with raw_context(gemma3) as (model, _):
+        assert not model_supported(model, short, len(short))
+    assert short.value == b"model a"  # truncated to the buffer, terminated
