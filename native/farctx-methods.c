@@ -134,63 +134,27 @@ int32_t farctx_params_head(const struct farctx_params * p) {
     return d != NULL && d->info.head_param >= 0 ? farctx_param_get(p, d->info.head_param) : 0;
 }
 
-/* a metadata value of the model's architecture ("<arch>.<key>") as a string; false if absent */
-static bool arch_meta(const struct llama_model * model, const char * key, char * buf, size_t size) {
-    char arch[64], full[160];
-    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch)) < 0) {
-        return false;
-    }
-    snprintf(full, sizeof(full), "%s.%s", arch, key);
-    return llama_model_meta_val_str(model, full, buf, size) >= 0;
-}
-
 int32_t farctx_model_kind(const struct llama_model * model, char * why, size_t why_size) {
-    char value[64];
     if (model == NULL) {
         farctx_fail(why, why_size, 0, "no model");
         return FARCTX_MODEL_OTHER;
     }
-    /*
-     * PENDING(patches): llama.cpp's own answer, llama_model_attn_extrap_supported(model, err, err_size)
-     * from the patch series, goes here once the build has it:
-     *
-     *     if (!llama_model_attn_extrap_supported(model, why, why_size)) {
-     *         return <the kind below, or FARCTX_MODEL_OTHER>;
-     *     }
-     *
-     * Until then the checks below mirror llama_set_attn_extrap's (patches/0001) with llama.h's accessors.
-     */
-    if (llama_model_is_recurrent(model)) {
-        farctx_fail(why, why_size, 0, "a recurrent model");
-        return FARCTX_MODEL_RECURRENT;
+    /* llama.cpp decides whether its attention graph can take our mask and positions
+     * (patches/0001: the same checks llama_set_attn_extrap makes); the kind below only tells the
+     * method table who may still run (vanilla runs any model, on the stock graph) */
+    char reason[256];
+    if (llama_model_attn_extrap_supported(model, reason, sizeof(reason))) {
+        farctx_fail(why, why_size, 0, "%s", "");
+        return FARCTX_MODEL_ROPE;
     }
-    if (llama_model_is_hybrid(model)) {
-        farctx_fail(why, why_size, 0, "a hybrid (attention and recurrent) model");
+    farctx_fail(why, why_size, 0, "%s", reason);
+    if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
         return FARCTX_MODEL_RECURRENT;
     }
     if (llama_model_n_swa(model) > 0) {
-        farctx_fail(why, why_size, 0, "sliding-window layers");
         return FARCTX_MODEL_SWA;
     }
-    const enum llama_rope_type rope = llama_model_rope_type(model);
-    if (rope == LLAMA_ROPE_TYPE_NONE) {
-        farctx_fail(why, why_size, 0, "no RoPE positions");
-        return FARCTX_MODEL_OTHER;
-    }
-    if (rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE || rope == LLAMA_ROPE_TYPE_VISION) {
-        farctx_fail(why, why_size, 0, "multi-section RoPE (M-RoPE) positions");
-        return FARCTX_MODEL_OTHER;
-    }
-    if (arch_meta(model, "attention.key_length_mla", value, sizeof(value)) && strcmp(value, "0") != 0) {
-        farctx_fail(why, why_size, 0, "multi-head latent attention (MLA)");
-        return FARCTX_MODEL_OTHER;
-    }
-    if (arch_meta(model, "attention.causal", value, sizeof(value)) && strcmp(value, "false") == 0) {
-        farctx_fail(why, why_size, 0, "non-causal attention");
-        return FARCTX_MODEL_OTHER;
-    }
-    farctx_fail(why, why_size, 0, "%s", "");
-    return FARCTX_MODEL_ROPE;
+    return FARCTX_MODEL_OTHER;
 }
 
 int32_t farctx_method_supported(int32_t method, const struct llama_model * model, char * err, size_t err_size) {

@@ -52,7 +52,7 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
             rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model "
                                                   "with one unified KV cache: no recurrent, MLA, M-RoPE or "
                                                   "sliding-window layers)" :
-            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context has several KV streams (use n_seq_max = 1)" :
+            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context holds several sequences (use n_seq_max = 1)" :
                                                   "llama.cpp refused the attention parameters");
         if (s->ops->free != NULL) {
             s->ops->free(s);
@@ -99,11 +99,6 @@ void farctx_session_free(struct farctx_session * session) {
         session->ops->free(session);
     }
     free(session);
-}
-
-static bool same_graph(const struct llama_attn_extrap_params * a, const struct llama_attn_extrap_params * b) {
-    return a->mode == b->mode && a->n_seg2 == b->n_seg2 && a->kv_first == b->kv_first &&
-           a->use_q_delta == b->use_q_delta && a->use_k_delta == b->use_k_delta && a->use_q_scale == b->use_q_scale;
 }
 
 static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
@@ -200,7 +195,7 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         if (!plain && ops->batch_params != NULL) {
             ops->batch_params(s, s->n_past, n, &ex);
         }
-        if (!same_graph(&ex, &s->active)) {
+        if (!llama_attn_extrap_same_graph(&ex, &s->active)) {
             const int32_t rc = llama_set_attn_extrap(s->ctx, &ex);
             if (rc != LLAMA_ATTN_EXTRAP_OK) {
                 llama_batch_free(batch);
@@ -221,8 +216,9 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         s->fill_error = false;
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
-        if (ret == 0 && s->fill_error) {
-            /* the method refused the ubatch (its message is in s->error): nothing of it stays */
+        if (s->fill_error) {
+            /* the method refused the ubatch (its message is in s->error; llama_decode failed it without
+             * computing it): nothing of it stays */
             llama_batch_free(batch);
             llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
             return FARCTX_ERR_PARAM;

@@ -79,10 +79,10 @@ def test_sliding_window_models_run_vanilla_and_refuse_the_methods(tmp_path, defa
     path = write_tiny_gguf(tmp_path / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
     info = farctx.model_info(path)
     assert info.sliding_window == 8
-    assert farctx.method_support(info)["lminf"] == "no: sliding-window layers"
+    assert farctx.method_support(info)["lminf"] == "no: sliding-window attention layers"
     llm = farctx.Llama(str(path), n_ctx=256)
     assert llm.create_completion("Hello", max_tokens=2, temperature=0)["usage"]["completion_tokens"] <= 2
     llm.close()
     for method in ("lminf", "streaming", "rerope"):
-        with pytest.raises(farctx.FarctxError, match="sliding-window layers"):
+        with pytest.raises(farctx.FarctxError, match="sliding-window attention layers"):
             farctx.Llama(str(path), method=method)

@@ -1,6 +1,6 @@
 """What our graphs hand to flash attention, checked on the CPU against what stock llama.cpp hands it.
 
-Every flash-attention node that llama.cpp builds is logged (FARCTX_FA_LAYOUT_LOG, patch 0008: type,
+Every flash-attention node that llama.cpp builds is logged (FARCTX_FA_LAYOUT_LOG, patch 0010: type,
 shape, strides, view offset, and the op that produced the memory of Q, K, V and the mask). A GPU kernel
 may accept fewer layouts than the CPU one, and on an H200 mesa went wrong with flash attention
 while the CPU was exact (bench/gpu/README.md). So every node of ours must be one of:
@@ -99,7 +99,7 @@ def fa_nodes(tiny_model: Path, tmp_path: Path, method: str, kv: str, n_ubatch: i
                       flash_attn=True, method=method, n_ctx=256, **METHOD_KWARGS[method])
     finally:
         del os.environ["FARCTX_FA_LAYOUT_LOG"]
-    assert log.exists(), "no flash-attention node was logged: the library lacks patch 0008"
+    assert log.exists(), "no flash-attention node was logged: the library lacks patch 0010"
     return parse_log(log)
 
 

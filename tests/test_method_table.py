@@ -140,7 +140,7 @@ def _c_support(path: Path) -> dict[str, str]:
 
 def test_info_reports_c_refusal(swa_model):
     c = _c_support(swa_model)
-    assert c["vanilla"] == "" and c["lminf"] == "sliding-window layers"
+    assert c["vanilla"] == "" and c["lminf"] == "sliding-window attention layers"
     result = run_cli("info", "-m", str(swa_model), "--json")
     assert result.returncode == 0, result.stderr
     reported = json.loads(result.stdout)["methods"]

@@ -1,0 +1,304 @@
+"""The patched llama.h's attention-extrapolation API reached directly (ctypes), without libfarctx: what
+llama_set_attn_extrap accepts and refuses, and what llama_decode does with a fill callback written here."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import random_tokens
+
+import farctx  # noqa: F401  (first: points llama_cpp at the patched library)
+import llama_cpp
+
+OK, ERR_MODE, ERR_PARAM, ERR_MODEL, ERR_CONTEXT = 0, -1, -2, -3, -4
+NONE, CUSTOM = 0, 1
+I32P, F32P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
+
+
+class Ubatch(ctypes.Structure):
+    """struct llama_attn_extrap_ubatch"""
+
+    _fields_ = [
+        ("n_tokens", ctypes.c_int32), ("n_kv", ctypes.c_int32), ("n_seg2", ctypes.c_int32),
+        ("q_pos", I32P), ("kv_pos", I32P), ("mask", F32P),
+        ("q_delta", I32P), ("k_delta", I32P), ("q_scale", F32P),
+        ("seg2_mask", F32P), ("seg2_q_delta", I32P), ("seg2_k_delta", I32P), ("seg2_pos", I32P),
+    ]
+
+
+FILL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(Ubatch))
+
+
+class Params(ctypes.Structure):
+    """struct llama_attn_extrap_params"""
+
+    _fields_ = [
+        ("mode", ctypes.c_int32), ("n_seg2", ctypes.c_int32), ("kv_first", ctypes.c_int32),
+        ("use_q_delta", ctypes.c_bool), ("use_k_delta", ctypes.c_bool), ("use_q_scale", ctypes.c_bool),
+        ("fill", FILL), ("user_data", ctypes.c_void_p),
+    ]
+
+
+def _bind(name: str, restype: object, *argtypes: object) -> Callable[..., object]:
+    fn = getattr(llama_cpp.llama_cpp._lib, name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
+set_attn_extrap = _bind("llama_set_attn_extrap", ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(Params))
+default_params = _bind("llama_attn_extrap_default_params", Params)
+
+
+def causal(q_pos: np.ndarray, kv_pos: np.ndarray) -> np.ndarray:
+    return np.where((kv_pos[None, :] >= 0) & (kv_pos[None, :] <= q_pos[:, None]), 0.0, -math.inf)
+
+
+def vanilla_rows(ub: Ubatch, seg2_cells: int) -> None:
+    """Vanilla attention through the CUSTOM path: the causal mask over the main segment and, in the second
+    segment, over its first seg2_cells cells (those below the main segment's first cell, kv_first)."""
+    n_tok, n_kv, n_seg2 = ub.n_tokens, ub.n_kv, ub.n_seg2
+    q_pos = np.ctypeslib.as_array(ub.q_pos, shape=(n_tok,))
+    np.ctypeslib.as_array(ub.mask, shape=(n_tok, n_kv))[:] = causal(q_pos, np.ctypeslib.as_array(ub.kv_pos, shape=(n_kv,)))
+    if n_seg2:
+        seg2 = causal(q_pos, np.ctypeslib.as_array(ub.seg2_pos, shape=(n_seg2,)))
+        seg2[:, seg2_cells:] = -math.inf
+        np.ctypeslib.as_array(ub.seg2_mask, shape=(n_tok, n_seg2))[:] = seg2
+
+
+class Fill:
+    """A fill callback in Python: vanilla rows, or an error (non-zero) for the calls listed in `fail_calls`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail_calls: set[int] = set()
+        self.seg2_cells = 0  # cells of the second segment that vanilla attention reads (kv_first)
+        self.c_fn = FILL(self._fill)  # kept alive as long as this object
+
+    def _fill(self, _user_data: object, ub_p: object) -> int:
+        call = self.calls
+        self.calls += 1
+        if call in self.fail_calls:
+            return 1
+        vanilla_rows(ub_p.contents, self.seg2_cells)
+        return 0
+
+    def params(self, **fields: object) -> Params:
+        p = default_params()
+        p.mode, p.fill = CUSTOM, self.c_fn
+        for name, value in fields.items():
+            setattr(p, name, value)
+        return p
+
+
+@contextmanager
+def raw_context(model_path: Path, **cparams: object) -> Iterator[tuple[object, object]]:
+    """A llama_model and llama_context made with llama.cpp's own C API; cparams are llama_context_params fields."""
+    mparams = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
+    assert model
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 128, 128, 128, 1
+    for name, value in cparams.items():
+        setattr(params, name, value)
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    assert ctx
+    try:
+        yield model, ctx
+    finally:
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
+
+
+def decode(ctx: object, tokens: list[int], pos0: int) -> int:
+    """llama_decode of tokens at positions pos0.. in sequence 0, logits for the last one."""
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    try:
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos0 + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        return llama_cpp.llama_decode(ctx, batch)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+
+
+def last_logits(model: object, ctx: object) -> np.ndarray:
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_several_sequences_refused(tiny_model, kv_unified):
+    """n_seq_max > 1 is refused whatever the cache layout: the mask is built for the first token's sequence,
+    so another sequence's rows would come out fully masked (a unified cache passed the check before)."""
+    fill = Fill()
+    with raw_context(tiny_model, n_seq_max=2, kv_unified=kv_unified) as (_, ctx):
+        assert set_attn_extrap(ctx, fill.params()) == ERR_CONTEXT
+        assert set_attn_extrap(ctx, default_params()) == OK  # mode NONE: the stock graph, any context
+    with raw_context(tiny_model, n_seq_max=1, kv_unified=kv_unified) as (_, ctx):
+        assert set_attn_extrap(ctx, fill.params()) == OK
+
+
+def test_custom_vanilla_matches_stock(tiny_model):
+    """The CUSTOM path with a vanilla mask written in Python gives stock's logits (the binding is right)."""
+    tokens = random_tokens(40, seed=61)
+    with raw_context(tiny_model) as (model, ctx):
+        assert decode(ctx, tokens, 0) == 0
+        stock = last_logits(model, ctx)
+    fill = Fill()
+    with raw_context(tiny_model) as (model, ctx):
+        assert set_attn_extrap(ctx, fill.params(use_k_delta=True)) == OK
+        assert decode(ctx, tokens, 0) == 0
+        assert fill.calls == 1
+        np.testing.assert_allclose(last_logits(model, ctx), stock, atol=1e-4)
+
+
+@contextmanager
+def reserve_count() -> Iterator[Callable[[], int]]:
+    """Counts llama.cpp's compute-buffer reservations (its log line "sched_reserve: reserving ...") while open;
+    farctx's own log receiver is put back afterwards."""
+    from farctx.engine import _LOG
+
+    lines: list[str] = []
+    callback = llama_cpp.llama_log_callback(lambda _level, text, _data: lines.append(text.decode(errors="replace")))
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    try:
+        yield lambda: sum("sched_reserve: reserving ..." in line for line in lines)
+    finally:
+        llama_cpp.llama_log_set(_LOG._callback, ctypes.c_void_p(0))
+
+
+GRAPH_FIELDS = {"n_seg2": 12, "kv_first": 8, "use_q_delta": True, "use_k_delta": True, "use_q_scale": True}
+
+
+@pytest.mark.parametrize("field", sorted(GRAPH_FIELDS))
+def test_every_graph_field_reserves(tiny_model, field):
+    """A change of any field that shapes the graph makes the next llama_decode reserve the compute buffers
+    again, and only such a change (kv_first alone never did: llama_context kept its own, shorter comparison)."""
+    tokens = random_tokens(24, seed=62)
+    fill = Fill()
+    base = dict(n_seg2=16, kv_first=4)
+    with raw_context(tiny_model) as (_, ctx), reserve_count() as reserves:
+        assert set_attn_extrap(ctx, fill.params(**base)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        before = reserves()
+        other = Fill()  # another callback and user_data: the same graph
+        assert set_attn_extrap(ctx, other.params(**base, user_data=1)) == OK
+        assert decode(ctx, tokens[20:21], 20) == 0
+        assert reserves() == before
+        assert set_attn_extrap(ctx, fill.params(**{**base, field: GRAPH_FIELDS[field]})) == OK
+        assert decode(ctx, tokens[21:22], 21) == 0
+        assert reserves() == before + 1, f"a change of {field} alone did not reserve"
+
+
+def test_kv_first_changes_between_ubatches(tiny_model):
+    """Vanilla attention split at kv_first into two segments (cells below it as the second segment), with
+    kv_first moving between ubatches of one stream: the logits of every ubatch equal stock's."""
+    tokens = random_tokens(48, seed=63)
+    cuts = [(0, 16, 0), (16, 24, 16), (24, 32, 8), (32, 48, 24)]  # ubatch [a, b) with kv_first k
+    stock = []
+    with raw_context(tiny_model) as (model, ctx):
+        for a, b, _ in cuts:
+            assert decode(ctx, tokens[a:b], a) == 0
+            stock.append(last_logits(model, ctx))
+    fill = Fill()
+    with raw_context(tiny_model) as (model, ctx):
+        for (a, b, k), ref in zip(cuts, stock):
+            params = fill.params(n_seg2=32, kv_first=k) if k else fill.params()
+            fill.seg2_cells = k
+            assert set_attn_extrap(ctx, params) == OK
+            assert decode(ctx, tokens[a:b], a) == 0
+            np.testing.assert_allclose(last_logits(model, ctx), ref, atol=1e-4)
+
+
+def test_failed_fill_aborts_decode(tiny_model):
+    """A fill callback that returns non-zero makes llama_decode fail (-3) without computing the ubatch, its
+    tokens leave the memory, and the same tokens decoded again give stock's logits (the stream is as before)."""
+    tokens = random_tokens(28, seed=64)
+    with raw_context(tiny_model) as (model, ctx):
+        assert decode(ctx, tokens[:20], 0) == 0
+        assert decode(ctx, tokens[20:], 20) == 0
+        stock = last_logits(model, ctx)
+    fill = Fill()
+    fill.fail_calls = {1}
+    with raw_context(tiny_model) as (model, ctx):
+        mem = llama_cpp.llama_get_memory(ctx)
+        assert set_attn_extrap(ctx, fill.params(use_k_delta=True)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        assert decode(ctx, tokens[20:], 20) == -3
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 19
+        assert decode(ctx, tokens[20:], 20) == 0
+        assert fill.calls == 3
+        np.testing.assert_allclose(last_logits(model, ctx), stock, atol=1e-4)
+
+
+get_attn_extrap = _bind("llama_get_attn_extrap", Params, ctypes.c_void_p)
+
+
+def test_session_keeps_its_stream_when_the_fill_fails(tiny_model):
+    """libfarctx's own fill refusing a ubatch (here: the context's settings changed behind the session's back,
+    so the second segment holds more than the global tokens): the feed reports the fill's reason, the stream
+    keeps its length, and once the settings are back the same token gives the logits of an untouched run."""
+    from farctx.engine import _ffi, _lib
+
+    tokens = random_tokens(42, seed=65)
+    kwargs = dict(method="lminf", n_global=4, n_local=16, n_ubatch=8, n_batch=8)
+    clean = farctx.Llama(str(tiny_model), **kwargs)
+    try:
+        clean.eval(tokens[:41])
+        expected = clean.score(tokens[41:])[0]
+    finally:
+        clean.close()
+    llm = farctx.Llama(str(tiny_model), **kwargs)
+    try:
+        llm.eval(tokens[:41])
+        n_past = llm.stats()["n_past"]
+        ctx = llm.ctx
+        params = get_attn_extrap(ctx)
+        assert params.mode == CUSTOM and params.kv_first > 0  # lminf's single-query decode
+        wider = get_attn_extrap(ctx)
+        wider.n_seg2 += 8
+        assert set_attn_extrap(ctx, wider) == OK
+        token = np.array(tokens[41:], dtype=np.int32)
+        rc = _lib.farctx_session_feed(llm._session, _ffi.from_buffer("int32_t[]", token), 1, False, _ffi.NULL,
+                                      _ffi.NULL, _ffi.NULL)
+        assert rc == _lib.FARCTX_ERR_PARAM
+        assert "not in the first cells" in _ffi.string(_lib.farctx_session_error(llm._session)).decode()
+        assert llm.stats()["n_past"] == n_past
+        assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx), 0) == n_past - 1
+        assert set_attn_extrap(ctx, params) == OK
+        got = llm.score(tokens[41:])[0]
+    finally:
+        llm.close()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+model_supported = _bind("llama_model_attn_extrap_supported", ctypes.c_bool, ctypes.c_void_p, ctypes.c_char_p,
+                        ctypes.c_size_t)
+
+
+def test_model_supported_without_a_context(tiny_model, default_model, tmp_path):
+    """llama_model_attn_extrap_supported answers from the model alone (what `farctx info` needs), with the
+    reason on refusal, and llama_set_attn_extrap refuses exactly those models (ERR_MODEL)."""
+    from tiny_gguf import TinyConfig, write_tiny_gguf
+
+    gemma3 = write_tiny_gguf(tmp_path / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
+    fill = Fill()
+    for path, supported, reason in [(tiny_model, True, ""), (gemma3, False, "sliding-window attention layers")]:
+        with raw_context(path) as (model, ctx):
+            err = ctypes.create_string_buffer(256)
+            assert model_supported(model, err, len(err)) is supported
+            assert err.value.decode() == reason
+            assert model_supported(model, None, 0) is supported  # no message wanted
+            assert set_attn_extrap(ctx, fill.params()) == (OK if supported else ERR_MODEL)
+    short = ctypes.create_string_buffer(8)
+    with raw_context(gemma3) as (model, _):
+        assert not model_supported(model, short, len(short))
+    assert short.value == b"sliding"  # truncated to the buffer, terminated
