@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 from .errors import FarctxError
@@ -25,20 +24,11 @@ def _lib_file() -> str:
 
 
 def _package_lib_dirs() -> list[Path]:
-    """farctx/lib of the installed package (an editable install may spread the package over a
-    source folder and the installed one: every location is looked at)."""
-    found = []
-    try:
-        root = resources.files(__package__)
-        locations = getattr(root, "_paths", None) or [root]  # MultiplexedPath keeps its folders
-        for location in locations:
-            found.append(Path(str(location)) / "lib")
-    except (ModuleNotFoundError, TypeError, ValueError):
-        pass
-    here = Path(__file__).resolve().parent / "lib"
-    if here not in found:
-        found.append(here)
-    return found
+    """farctx/lib in each folder of the package (an editable install spreads it over the source
+    folder and the installed one)."""
+    from . import __path__ as package_path
+
+    return [Path(folder) / "lib" for folder in package_path]
 
 
 def lib_dir() -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 from . import _paths
@@ -22,6 +23,7 @@ class Device:
         return asdict(self)
 
 
+@lru_cache(maxsize=1)
 def _ggml() -> Any:
     from ._native import native
 
