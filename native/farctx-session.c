@@ -15,13 +15,19 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
         params = &defaults;
     }
     const struct llama_model * model = llama_get_model(ctx);
-    if (farctx_params_validate(params, model, err, err_size) != FARCTX_OK) {
+    /* the model first: no parameter makes a method run on a model it cannot run on */
+    char why[FARCTX_ERR_LEN];
+    const int32_t supported = farctx_method_supported(params->method, model, why, sizeof(why));
+    if (supported == FARCTX_ERR_PARAM) {  /* not a method at all */
+        farctx_fail(err, err_size, FARCTX_ERR_PARAM, "%s", why);
         return NULL;
     }
-    char why[FARCTX_ERR_LEN];
-    if (farctx_method_supported(params->method, model, why, sizeof(why)) != FARCTX_OK) {
+    if (supported != FARCTX_OK) {
         farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run on this model (%s): it needs causal "
-                    "attention with RoPE over one unified KV cache", farctx_method_name(params->method), why);
+                    "attention with RoPE (standard sliding-window layers allowed)", farctx_method_name(params->method), why);
+        return NULL;
+    }
+    if (farctx_params_validate(params, model, err, err_size) != FARCTX_OK) {
         return NULL;
     }
     const struct farctx_method_def * method = farctx_method_def(params->method);
@@ -49,9 +55,9 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     if (rc != LLAMA_ATTN_EXTRAP_OK) {
         farctx_fail(err, err_size, FARCTX_ERR_UNSUPPORTED, "%s cannot run here: %s",
             method->info.name,
-            rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model "
-                                                  "with one unified KV cache: no recurrent, MLA, M-RoPE or "
-                                                  "sliding-window layers)" :
+            rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model: "
+                                                  "no recurrent, MLA, M-RoPE, chunked or symmetric sliding-window "
+                                                  "layers)" :
             rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context holds several sequences (use n_seq_max = 1)" :
                                                   "llama.cpp refused the attention parameters");
         if (s->ops->free != NULL) {
@@ -183,7 +189,9 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             const int64_t first = first_needed(s, s->n_past);
             const int32_t head = farctx_params_head(&s->params);
             if (first > head && first > s->evicted_to) {
-                llama_memory_seq_rm(mem, 0, head, (llama_pos) first);
+                /* from the full-attention layers' cache only: sliding-window layers (iSWA) keep their own
+                 * window, and their cache drops what the window passed by itself */
+                llama_memory_seq_rm_base(mem, 0, head, (llama_pos) first);
                 s->evicted_to = first;
             }
         }
@@ -273,6 +281,18 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
         return farctx_session_fail(s, FARCTX_ERR_REPLAY,
             "cannot rewind to %lld: the keys it needs left the cache (positions up to %lld were evicted)",
             (long long) n_keep, (long long) s->evicted_to - 1);
+    }
+    /* sliding-window layers (iSWA): their cache reuses the cells its window passed, so the keys that
+     * a query at n_keep reads there, (n_keep - n_swa, n_keep), must still be in it */
+    const int32_t n_swa = llama_model_n_swa(s->model);
+    if (n_swa > 0 && n_keep < s->n_past && n_keep > 0) {
+        const llama_pos pos_min = llama_memory_seq_pos_min(llama_get_memory(s->ctx), 0);
+        const int64_t   first   = n_keep - n_swa + 1 > 0 ? n_keep - n_swa + 1 : 0;
+        if (pos_min > first) {
+            return farctx_session_fail(s, FARCTX_ERR_REPLAY,
+                "cannot rewind to %lld: the sliding-window layers' cache no longer holds position %lld "
+                "(it starts at %d)", (long long) n_keep, (long long) first, pos_min);
+        }
     }
     if (s->ops->rewind != NULL) {
         const int32_t rc = s->ops->rewind(s, n_keep);

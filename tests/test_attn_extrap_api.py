@@ -286,12 +286,17 @@ model_supported = _bind("llama_model_attn_extrap_supported", ctypes.c_bool, ctyp
 
 def test_model_supported_without_a_context(tiny_model, default_model, tmp_path):
     """llama_model_attn_extrap_supported answers from the model alone (what `farctx info` needs), with the
-    reason on refusal, and llama_set_attn_extrap refuses exactly those models (ERR_MODEL)."""
+    reason on refusal, and llama_set_attn_extrap refuses exactly those models (ERR_MODEL). Interleaved
+    sliding-window models (Gemma 3) are supported; no RoPE and recurrent layers are not."""
+    from refused_gguf import write_gpt2_gguf, write_mamba_gguf
     from tiny_gguf import TinyConfig, write_tiny_gguf
 
     gemma3 = write_tiny_gguf(tmp_path / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
+    gpt2 = write_gpt2_gguf(tmp_path / "gpt2.gguf", default_model)
+    mamba = write_mamba_gguf(tmp_path / "mamba.gguf", default_model)
     fill = Fill()
-    for path, supported, reason in [(tiny_model, True, ""), (gemma3, False, "sliding-window attention layers")]:
+    for path, supported, reason in [(tiny_model, True, ""), (gemma3, True, ""), (gpt2, False, "no RoPE"),
+                                    (mamba, False, "recurrent layers")]:
         with raw_context(path) as (model, ctx):
             err = ctypes.create_string_buffer(256)
             assert model_supported(model, err, len(err)) is supported
@@ -299,6 +304,6 @@ def test_model_supported_without_a_context(tiny_model, default_model, tmp_path):
             assert model_supported(model, None, 0) is supported  # no message wanted
             assert set_attn_extrap(ctx, fill.params()) == (OK if supported else ERR_MODEL)
     short = ctypes.create_string_buffer(8)
-    with raw_context(gemma3) as (model, _):
+    with raw_context(mamba) as (model, _):
         assert not model_supported(model, short, len(short))
-    assert short.value == b"sliding"  # truncated to the buffer, terminated
+    assert short.value == b"recurre"  # truncated to the buffer, terminated

@@ -72,17 +72,34 @@ def test_default_model_loads_without_a_path():
     llm.close()
 
 
-def test_sliding_window_models_run_vanilla_and_refuse_the_methods(tmp_path, default_model):
-    """Gemma 3 style (interleaved sliding-window layers): vanilla runs, the methods are refused clearly."""
+def test_sliding_window_models_run_every_method(tmp_path, default_model):
+    """Gemma 3 style (interleaved sliding-window layers): every method runs (on the full-attention layers)."""
     from tiny_gguf import TinyConfig, write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
     info = farctx.model_info(path)
     assert info.sliding_window == 8
-    assert farctx.method_support(info)["lminf"] == "no: sliding-window attention layers"
-    llm = farctx.Llama(str(path), n_ctx=256)
+    assert set(farctx.method_support(info).values()) == {"yes"}
+    for method in ("vanilla", "lminf", "streaming"):
+        llm = farctx.Llama(str(path), method=method, n_ctx=256)
+        assert llm.create_completion("Hello", max_tokens=2, temperature=0)["usage"]["completion_tokens"] <= 2
+        llm.close()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mamba"])
+def test_models_without_rope_or_attention_run_vanilla_and_refuse_the_methods(tmp_path, default_model, arch):
+    """No RoPE (GPT-2) or no attention (Mamba): vanilla runs, every method is refused with the reason."""
+    from refused_gguf import write_gpt2_gguf, write_mamba_gguf
+
+    writer = {"gpt2": write_gpt2_gguf, "mamba": write_mamba_gguf}[arch]
+    path = writer(tmp_path / f"{arch}.gguf", default_model)
+    reason = {"gpt2": "no RoPE", "mamba": "recurrent layers"}[arch]
+    support = farctx.method_support(farctx.model_info(path))
+    assert support.pop("vanilla") == "yes"
+    assert set(support.values()) == {f"no: {reason}"}
+    llm = farctx.Llama(str(path), n_ctx=64)
     assert llm.create_completion("Hello", max_tokens=2, temperature=0)["usage"]["completion_tokens"] <= 2
     llm.close()
-    for method in ("lminf", "streaming", "rerope"):
-        with pytest.raises(farctx.FarctxError, match="sliding-window attention layers"):
+    for method in support:
+        with pytest.raises(farctx.FarctxError, match=f"{method} cannot run on this model \\({reason}\\)"):
             farctx.Llama(str(path), method=method)

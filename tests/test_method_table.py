@@ -119,10 +119,10 @@ def test_cache_sizing_one_rule():
 
 
 @pytest.fixture(scope="module")
-def swa_model(tmp_path_factory, default_model) -> Path:
-    from tiny_gguf import TinyConfig, write_tiny_gguf
+def refused_model(tmp_path_factory, default_model) -> Path:
+    from refused_gguf import write_gpt2_gguf
 
-    return write_tiny_gguf(tmp_path_factory.mktemp("swa") / "gemma3.gguf", default_model, TinyConfig(arch="gemma3"))
+    return write_gpt2_gguf(tmp_path_factory.mktemp("norope") / "gpt2.gguf", default_model)
 
 
 def _c_support(path: Path) -> dict[str, str]:
@@ -138,18 +138,18 @@ def _c_support(path: Path) -> dict[str, str]:
     return out
 
 
-def test_info_reports_c_refusal(swa_model):
-    c = _c_support(swa_model)
-    assert c["vanilla"] == "" and c["lminf"] == "sliding-window attention layers"
-    result = run_cli("info", "-m", str(swa_model), "--json")
+def test_info_reports_c_refusal(refused_model):
+    c = _c_support(refused_model)
+    assert c["vanilla"] == "" and c["lminf"] == "no RoPE"
+    result = run_cli("info", "-m", str(refused_model), "--json")
     assert result.returncode == 0, result.stderr
     reported = json.loads(result.stdout)["methods"]
     assert reported == {m: "yes" if not why else f"no: {why}" for m, why in c.items()}
-    text = run_cli("info", "-m", str(swa_model))
+    text = run_cli("info", "-m", str(refused_model))
     assert f"lminf        no: {c['lminf']}" in text.stdout
     # session init makes the same check, with the same reason
     with pytest.raises(farctx.FarctxError, match=f"lminf cannot run on this model \\({c['lminf']}\\)"):
-        farctx.Llama(str(swa_model), method="lminf")
+        farctx.Llama(str(refused_model), method="lminf")
 
 
 def test_info_on_a_supported_model(tiny_model):

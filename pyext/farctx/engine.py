@@ -118,6 +118,9 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             if 0 < room < min(512, kwargs.get("n_batch", 512)):
                 kwargs["n_ubatch"] = room
         kwargs.setdefault("verbose", False)
+        # models with sliding-window layers: their cache holds the window (+ a ubatch), as llama-server's
+        # default, not a copy of the whole context (llama.cpp's library default)
+        kwargs.setdefault("swa_full", False)
         self._session: Any = None
         _LOG.clear()
         _LOG.verbose = bool(kwargs["verbose"])
