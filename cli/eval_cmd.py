@@ -145,19 +145,38 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
 @click.option("--lengths", default="1k,2k", show_default=True, help="prompt lengths (k = 1024)")
 @click.option("--depths", default=None, help="comma-separated depths in [0, 1] (default: random per sample)")
 @click.option("--samples", type=click.IntRange(1), default=5, show_default=True, help="samples per length and depth")
+@click.option("--haystack", default=None, metavar="FILE",
+              help="paragraphs of this document as the filler instead of the repeated sentences "
+                   "(austen:NOVEL for one of Jane Austen's novels, e.g. austen:emma)")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "json_path", default=None, metavar="FILE", help="write the results as JSON (- for stdout)")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="write a PNG plot")
 @runtime_options()
 @method_options(with_method=False)
-def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int, seed: int,
-            json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
+def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int,
+            haystack: Optional[str], seed: int, json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
     """Passkey retrieval accuracy per method, length (and depth)."""
     import farctx
-    from farctx.eval_passkey import ANSWER_TOKENS, passkey_of_method
+    from farctx.eval_passkey import ANSWER_TOKENS, haystack_paragraphs, passkey_of_method
     from farctx.plots import plot_passkey
 
     method_list = parse_methods(methods)
+    paragraphs: Optional[list[str]] = None
+    filler = "repeated sentences"
+    if haystack is not None:
+        if haystack.startswith("austen:"):
+            from farctx.data import austen
+
+            paragraphs = haystack_paragraphs(austen(haystack.split(":", 1)[1]))
+        else:
+            path = Path(haystack)
+            if not path.is_file():
+                raise click.BadParameter(f"no such file: {haystack}", param_hint="--haystack")
+            paragraphs = haystack_paragraphs(path.read_text(encoding="utf-8", errors="replace"))
+        if not paragraphs:
+            raise click.BadParameter(f"{haystack} has no text", param_hint="--haystack")
+        filler = (f"paragraphs of {haystack} ({len(paragraphs)}), from a paragraph each sample's seed picks; "
+                  "the needle at the sentence boundary nearest its depth")
     length_list = sorted(set(parse_lengths(lengths)))
     depth_list: list[Optional[float]] = [None]
     if depths:
@@ -178,13 +197,13 @@ def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[s
             depth = "random" if r.depth is None else f"{r.depth:.2f}"
             click.echo(f"farctx: {r.method:<12} length {r.length:>7} depth {depth}: {r.accuracy:.2f}", err=True)
 
-        results += passkey_of_method(llm, length_list, depth_list, samples, seed, on_result=show)
+        results += passkey_of_method(llm, length_list, depth_list, samples, seed, on_result=show, haystack=paragraphs)
         llm.close()
     elapsed = time.monotonic() - started
-    payload = {"model": info.path, "n_ctx_train": info.n_ctx_train, "seconds": round(elapsed, 1),
+    payload = {"model": info.path, "n_ctx_train": info.n_ctx_train, "filler": filler, "seconds": round(elapsed, 1),
                "results": [r.as_dict() for r in results]}
     if json_path != "-":
-        click.echo(f"passkey retrieval, {samples} samples per cell, seed {seed}; model n_ctx_train "
+        click.echo(f"passkey retrieval, filler: {filler}; {samples} samples per cell, seed {seed}; model n_ctx_train "
                    f"{info.n_ctx_train}; {elapsed:.0f} s")
         click.echo(f"| {'method':<12} | {'depth':>6} | " + " | ".join(f"{x:>7}" for x in length_list) + " |")
         for method in method_list:
