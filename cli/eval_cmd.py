@@ -74,7 +74,7 @@ def _method_keys(opts: dict[str, Any]) -> dict[str, Any]:
 
 @click.group(name="eval")
 def eval_group() -> None:
-    """Quality against length: perplexity and passkey retrieval."""
+    """Quality against length: perplexity, passkey retrieval, out-of-distribution factors."""
 
 
 @eval_group.command()
@@ -145,19 +145,38 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
 @click.option("--lengths", default="1k,2k", show_default=True, help="prompt lengths (k = 1024)")
 @click.option("--depths", default=None, help="comma-separated depths in [0, 1] (default: random per sample)")
 @click.option("--samples", type=click.IntRange(1), default=5, show_default=True, help="samples per length and depth")
+@click.option("--haystack", default=None, metavar="FILE",
+              help="paragraphs of this document as the filler instead of the repeated sentences "
+                   "(austen:NOVEL for one of Jane Austen's novels, e.g. austen:emma)")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "json_path", default=None, metavar="FILE", help="write the results as JSON (- for stdout)")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="write a PNG plot")
 @runtime_options()
 @method_options(with_method=False)
-def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int, seed: int,
-            json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
+def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int,
+            haystack: Optional[str], seed: int, json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
     """Passkey retrieval accuracy per method, length (and depth)."""
     import farctx
-    from farctx.eval_passkey import ANSWER_TOKENS, passkey_of_method
+    from farctx.eval_passkey import ANSWER_TOKENS, haystack_paragraphs, passkey_of_method
     from farctx.plots import plot_passkey
 
     method_list = parse_methods(methods)
+    paragraphs: Optional[list[str]] = None
+    filler = "repeated sentences"
+    if haystack is not None:
+        if haystack.startswith("austen:"):
+            from farctx.data import austen
+
+            paragraphs = haystack_paragraphs(austen(haystack.split(":", 1)[1]))
+        else:
+            path = Path(haystack)
+            if not path.is_file():
+                raise click.BadParameter(f"no such file: {haystack}", param_hint="--haystack")
+            paragraphs = haystack_paragraphs(path.read_text(encoding="utf-8", errors="replace"))
+        if not paragraphs:
+            raise click.BadParameter(f"{haystack} has no text", param_hint="--haystack")
+        filler = (f"paragraphs of {haystack} ({len(paragraphs)}), from a paragraph each sample's seed picks; "
+                  "the needle at the sentence boundary nearest its depth")
     length_list = sorted(set(parse_lengths(lengths)))
     depth_list: list[Optional[float]] = [None]
     if depths:
@@ -178,13 +197,13 @@ def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[s
             depth = "random" if r.depth is None else f"{r.depth:.2f}"
             click.echo(f"farctx: {r.method:<12} length {r.length:>7} depth {depth}: {r.accuracy:.2f}", err=True)
 
-        results += passkey_of_method(llm, length_list, depth_list, samples, seed, on_result=show)
+        results += passkey_of_method(llm, length_list, depth_list, samples, seed, on_result=show, haystack=paragraphs)
         llm.close()
     elapsed = time.monotonic() - started
-    payload = {"model": info.path, "n_ctx_train": info.n_ctx_train, "seconds": round(elapsed, 1),
+    payload = {"model": info.path, "n_ctx_train": info.n_ctx_train, "filler": filler, "seconds": round(elapsed, 1),
                "results": [r.as_dict() for r in results]}
     if json_path != "-":
-        click.echo(f"passkey retrieval, {samples} samples per cell, seed {seed}; model n_ctx_train "
+        click.echo(f"passkey retrieval, filler: {filler}; {samples} samples per cell, seed {seed}; model n_ctx_train "
                    f"{info.n_ctx_train}; {elapsed:.0f} s")
         click.echo(f"| {'method':<12} | {'depth':>6} | " + " | ".join(f"{x:>7}" for x in length_list) + " |")
         for method in method_list:
@@ -194,4 +213,119 @@ def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[s
                 click.echo(f"| {method:<12} | {label:>6} | " + " | ".join(f"{row[x]:>7.2f}" for x in length_list) + " |")
     _write_outputs(payload, json_path, lambda p: plot_passkey(results, info.n_ctx_train, p, Path(info.path).name),
                    plot_path)
+    sys.stdout.flush()
+
+
+def parse_layers(text: Optional[str], n_layer: int) -> Optional[list[int]]:
+    """'0,2,5' -> [0, 2, 5]; None or 'all' -> None (every layer)."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    try:
+        layers = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter(f"'{text}' is not a list of layer numbers", param_hint="--layers") from None
+    if not layers or layers[0] < 0 or layers[-1] >= n_layer:
+        raise click.BadParameter(f"layers are 0..{n_layer - 1} for this model", param_hint="--layers")
+    return layers
+
+
+@eval_group.command()
+@model_option()
+@click.option("-f", "--file", default=None, metavar="FNAME",
+              help="the document (default: Jane Austen's Emma from the Debian package)")
+@click.option("--methods", "--method", "methods", default="vanilla,lminf", show_default=True,
+              help="comma-separated methods")
+@click.option("--lengths", default=None,
+              help="lengths to report the factors at (k = 1024); the document is streamed to the largest "
+                   "[default: 1x,2x,4x n_ctx_train]")
+@click.option("--layers", default=None, help="comma-separated layers to record (default: all)")
+@click.option("--bucket", type=click.IntRange(1), default=None, help="positions per bucket [default: n_ctx_train/8]")
+@click.option("--threshold", type=click.FloatRange(0.0, 1.0), default=0.02, show_default=True,
+              help="hidden_out: the fraction of a layer's dimensions outside their in-context range that counts as leaving it")
+@click.option("--tolerance", type=click.FloatRange(0.0), default=0.25, show_default=True,
+              help="logits and entropy: the margin past the in-context range, as a fraction of its spread")
+@click.option("--persist", type=click.IntRange(1), default=4, show_default=True,
+              help="consecutive buckets outside the range that count as leaving it")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="write the results as JSON (- for stdout)")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="write a PNG plot")
+@runtime_options()
+@method_options(with_method=False)
+def ood(model: Optional[str], file: Optional[str], methods: str, lengths: Optional[str], layers: Optional[str],
+        bucket: Optional[int], threshold: float, tolerance: float, persist: int, json_path: Optional[str],
+        plot_path: Optional[str], **opts: Any) -> None:
+    """Out-of-distribution factors (attention logits, entropy, hidden-state ranges) against position, per method.
+
+    Flash attention is always off here: the attention scores exist as tensors only without it."""
+    import farctx
+    from farctx.eval_ood import PROTOCOL, OodRun, cost_line, exit_cell, ood_of_method, value_at
+    from farctx.methods import fixed_cache
+    from farctx.ood import FACTORS, OodSettings
+    from farctx.plots import plot_ood
+
+    method_list = parse_methods(methods)
+    if opts.get("flash_attn") == "on":
+        click.echo("farctx: flash attention forced off: the attention scores exist as tensors only without it",
+                   err=True)
+    opts["flash_attn"] = "off"
+    if opts.get("cache_type_v") not in ("f32", "f16", "bf16"):
+        raise click.BadParameter("a quantized V cache needs flash attention, which this command turns off",
+                                 param_hint="-ctv")
+    base = _method_keys(opts)
+    info = farctx.model_info(model)
+    n_train = info.n_ctx_train
+    length_list = sorted(set(parse_lengths(lengths))) if lengths else [n_train, 2 * n_train, 4 * n_train]
+    layer_list = parse_layers(layers, info.n_layer)
+    settings = OodSettings(n_ctx_train=n_train, bucket=bucket or max(1, n_train // 8), layers=layer_list,
+                           threshold=threshold, tolerance=tolerance, persist=persist)
+    if file is None:
+        from farctx.data import austen
+
+        text, source = austen("emma"), "Jane Austen, Emma (r-cran-janeaustenr)"
+    else:
+        path = Path(file)
+        if not path.is_file():
+            raise click.BadParameter(f"no such file: {file}", param_hint="-f")
+        text, source = path.read_text(encoding="utf-8", errors="replace"), file
+    probe = farctx.Llama(model, n_ctx=256, n_batch=256)
+    tokens = probe.tokenize(text.encode("utf-8"))
+    probe.close()
+    n = max(length_list)
+    if n > len(tokens):
+        raise click.BadParameter(f"the document has {len(tokens)} tokens, fewer than the largest length {n}",
+                                 param_hint="--lengths")
+    tokens = tokens[:n]
+    n_layer_seen = info.n_layer if layer_list is None else len(layer_list)
+    click.echo("farctx: " + cost_line(method_list, n, n_train, info.n_head, n_layer_seen, fixed_cache), err=True)
+    runs = []
+    started = time.monotonic()
+    for method in method_list:
+        t0 = time.monotonic()
+        report = ood_of_method(lambda: _make_llm(model, method, n + 1, base), tokens, settings)
+        runs.append(OodRun(method, report, time.monotonic() - t0))
+        cells = ", ".join(f"{f} {exit_cell(report, f)}" for f in FACTORS)
+        click.echo(f"farctx: {method:<12} ({runs[-1].seconds:.0f} s): {cells}", err=True)
+    elapsed = time.monotonic() - started
+    protocol = PROTOCOL.format(n=n, bucket=settings.bucket, measured="; ".join(runs[0].report.measured),
+                               tolerance=tolerance, threshold=threshold, persist=persist)
+    payload = {"model": info.path, "n_ctx_train": n_train, "protocol": protocol, "source": source,
+               "lengths": length_list, "flash_attn": "off", "seconds": round(elapsed, 1),
+               "runs": [r.as_dict() for r in runs]}
+    if json_path != "-":
+        click.echo(f"protocol: {protocol}")
+        click.echo(f"document: {source}, first {n} tokens; model n_ctx_train {n_train}; layers "
+                   f"{'all' if layer_list is None else layer_list}; {elapsed:.0f} s")
+        click.echo("first position past n_ctx_train where each factor leaves its in-context range (layer, side):")
+        click.echo(f"| {'method':<12} | " + " | ".join(f"{f:<18}" for f in FACTORS) + " |")
+        click.echo("|" + "-" * 14 + "|" + "|".join("-" * 20 for _ in FACTORS) + "|")
+        for run in runs:
+            click.echo(f"| {run.method:<12} | " + " | ".join(f"{exit_cell(run.report, f):<18}" for f in FACTORS) + " |")
+        click.echo("values at each length (bucket ending there; logit and max entropy: max over layers, "
+                   "the others: mean over layers):")
+        click.echo(f"| {'method':<12} | {'length':>7} | " + " | ".join(f"{f:>12}" for f in FACTORS) + " |")
+        for run in runs:
+            for length in length_list:
+                vals = [value_at(run.report, f, length) for f in FACTORS]
+                click.echo(f"| {run.method:<12} | {length:>7} | "
+                           + " | ".join(f"{'-' if v is None else format(v, '.4g'):>12}" for v in vals) + " |")
+    _write_outputs(payload, json_path, lambda p: plot_ood(runs, n_train, p, Path(info.path).name), plot_path)
     sys.stdout.flush()

@@ -94,10 +94,13 @@ def _count_tokens(model: str | None, text: str) -> int:
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--top-p", type=float, default=0.95, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
+@click.option("--ood-report", is_flag=True,
+              help="record the out-of-distribution factors on a sample of layers (flash attention off) and end "
+                   "with one line: inside the trained distribution, or where it left it")
 @runtime_options()
 @method_options()
 def generate(model: str | None, prompt: str | None, file: str | None, n_predict: int, temp: float, seed: int,
-             top_k: int, top_p: float, as_json: bool, **opts: Any) -> None:
+             top_k: int, top_p: float, as_json: bool, ood_report: bool, **opts: Any) -> None:
     """Generate text from a prompt."""
     import farctx
     from farctx.progress import Progress
@@ -105,13 +108,28 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     from farctx.methods import fixed_cache, stream_cells
 
     text = _read_prompt(prompt, file)
+    if ood_report and opts.get("flash_attn") == "on":
+        click.echo("farctx: --ood-report turns flash attention off (the attention scores exist only without it)",
+                   err=True)
+    if ood_report:
+        opts["flash_attn"] = "off"
     kwargs = llama_kwargs(opts)
     if seed >= 0:
         kwargs["seed"] = seed
     if kwargs["n_ctx"] == 0 and not fixed_cache(kwargs["method"]):
         # the methods that keep the whole stream (vanilla too): libfarctx's size for the prompt plus the generation
         kwargs["n_ctx"] = stream_cells(model, kwargs, _count_tokens(model, text), n_predict)
-    llm = farctx.Llama(model, progress=Progress("prefill", min_total=1024), **kwargs)
+    recorder = None
+    if ood_report:
+        from farctx.ood import OodRecorder, sampled_layers, settings_for
+        from farctx.tensor_probe import eval_callback_installed
+
+        details = farctx.model_info(model)
+        recorder = OodRecorder(settings_for(details.n_ctx_train, sampled_layers(details.n_layer)))
+        with eval_callback_installed(recorder):
+            llm = farctx.Llama(model, progress=Progress("prefill", min_total=1024), **kwargs)
+    else:  # no callback installed: the graph runs as it always does
+        llm = farctx.Llama(model, progress=Progress("prefill", min_total=1024), **kwargs)
     if not as_json:
         click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     started = time.monotonic()
@@ -136,9 +154,13 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
             "seconds": round(time.monotonic() - started, 3),
             "stats": llm.stats(),
         }
+        if recorder is not None:
+            result["ood"] = {"verdict": recorder.verdict(), **recorder.report().as_dict()}
         click.echo(json.dumps(result))
     else:
         click.echo()
+        if recorder is not None:
+            click.echo(f"farctx: ood: {recorder.verdict()}", err=True)
 
 
 @main.command()

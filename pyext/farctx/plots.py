@@ -71,3 +71,31 @@ def plot_passkey(results: Sequence[Any], n_ctx_train: int, path: Path, title: st
     fig.suptitle(title or "passkey retrieval")
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_ood(runs: Sequence[Any], n_ctx_train: int, path: Path, title: str = "") -> None:
+    """LM-Infinite's Figure 1 style: one panel per factor, position on x, one line per method."""
+    from .ood import FACTOR_LABELS, FACTORS
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(FACTORS), figsize=(4.2 * len(FACTORS), 4), dpi=100, squeeze=False)
+    for ax, factor in zip(axes[0], FACTORS):
+        for run in runs:
+            report = run.report
+            half = report.settings.bucket / 2
+            points = [(x + half, y) for x, y in zip(report.buckets, report.summary(factor)) if y is not None]
+            if points:
+                ax.plot([x for x, _ in points], [y for _, y in points], label=run.method)
+        ax.axvline(n_ctx_train, color="grey", linestyle="--", label=f"n_ctx_train = {n_ctx_train}")
+        if factor == "hidden_out" and runs:
+            ax.axhline(runs[0].report.settings.threshold, color="black", linestyle=":", label="threshold")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("position (tokens)")
+        reduce = "max" if factor in ("logit_max", "entropy_max") else "mean"
+        ax.set_title(f"{FACTOR_LABELS[factor]}\n({reduce} over layers)", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title or "out-of-distribution factors against position")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
