@@ -81,6 +81,20 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
         }
     }
 
+    /* a fixed cache on sliding-window layers (iSWA): llama.cpp sizes their cache min(n_ctx, n_swa + n_ubatch)
+     * cells, and a stream longer than the cache only finds room there for a ubatch once n_swa + n_ubatch cells
+     * exist (every cell inside the window is in use). A whole-stream cache holds the stream in both. */
+    const int32_t n_swa = llama_model_n_swa(model);
+    if (method->info.fixed_cache && n_swa > 0 && llama_model_attn_extrap_supported(model, NULL, 0) &&
+            (int64_t) llama_n_ctx(ctx) < (int64_t) n_swa + llama_n_ubatch(ctx)) {
+        farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+            "the KV cache holds %u cells, and this model's sliding-window layers need their window + n_ubatch = "
+            "%d + %u = %lld (llama.cpp caps their cache at the context size): enlarge it (-c / n_ctx) or lower "
+            "n_ubatch", llama_n_ctx(ctx), n_swa, llama_n_ubatch(ctx), (long long) n_swa + llama_n_ubatch(ctx));
+        farctx_session_free(s);
+        return NULL;
+    }
+
     /* the stream starts empty: whatever seq 0 held before is not part of it */
     llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
     return s;

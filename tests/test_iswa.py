@@ -80,3 +80,13 @@ def test_rewind_past_the_sliding_window_cache_replays(gemma3):
     got = np.array(llm.scores[:320], dtype=np.float64)
     tolerance(F16, F16, False).check(got, ref, "lminf on gemma3 after a rewind past the window cache")
     llm.close()
+
+
+def test_fixed_cache_smaller_than_window_plus_ubatch_is_refused(gemma3):
+    """llama.cpp caps the sliding-window cache at the context size: a fixed cache below window + n_ubatch
+    would run out of room for a ubatch there once the stream is longer than the cache."""
+    path, _ = gemma3
+    # the base cache is large enough: n_global + n_local + n_ubatch = 2 + 4 + 57 = 63 <= 64
+    with pytest.raises(farctx.FarctxError, match="sliding-window layers need their window \\+ n_ubatch = 8 \\+ 57"):
+        farctx.Llama(str(path), method="lminf", n_ctx=64, n_ubatch=57, n_batch=57, n_local=4, n_global=2)
+    farctx.Llama(str(path), method="lminf", n_ctx=64, n_ubatch=56, n_batch=56, n_local=4, n_global=2).close()

@@ -135,6 +135,12 @@ def n_ctx_train(path: Path) -> int:
     return int(meta.get(f"{meta.get('general.architecture')}.context_length") or 0)
 
 
+def sliding_window(path: Path) -> int:
+    """The sliding window a GGUF declares for its sliding-window layers (0 if it does not)."""
+    meta = read_metadata(path)
+    return int(meta.get(f"{meta.get('general.architecture')}.attention.sliding_window") or 0)
+
+
 def model_info(model_path: str | os.PathLike[str] | None = None) -> ModelInfo:
     path = resolve_model_path(model_path)
     meta = read_metadata(path)
