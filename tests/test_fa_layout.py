@@ -172,3 +172,35 @@ def test_aligned_views_match_the_oracle():
                          env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+@pytest.mark.parametrize("method, n_seg2", [("lminf", N_GLOBAL), ("streaming", N_SINK)])
+def test_prefill_past_n_local_goes_through_flash_attention(tiny_model, tmp_path, method, n_seg2):
+    """A ubatch of 7 queries past n_local: the head tokens (globals, sinks) are copied once per query, each
+    copy rotated for its query, and appended to the cells, so one flash-attention call over
+    [256 cells | 7 * n_seg2 copies] computes the whole attention (no two-segment softmax). Its nodes
+    are checked against the layout rules above by test_flash_attention_layouts_are_stock_or_copies."""
+    nodes = [n for n in fa_nodes(tiny_model, tmp_path, method, "f16", 7) if n.mode == 1]
+    per_query = [n for n in nodes if n.ops["q"].ne[1] == 7 and n.ops["k"].ne[1] == 256 + 7 * n_seg2]
+    assert per_query and all(n.ops["k"].origin == "CONCAT" and n.ops["mask"].origin == "CONCAT" for n in per_query)
+    # two ubatches of the 100-token prompt lie wholly past n_local = 32 (tokens 35-41 and 42-48, ...), per layer
+    assert len(per_query) >= 2 * 2
+
+
+def test_per_query_path_can_be_switched_off(tiny_model, tmp_path):
+    """FARCTX_PER_QUERY_SEG2=0 (read once per process: a child) keeps the two-segment softmax: no such node."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), 'lminf', 'f16', 7)")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, FARCTX_PER_QUERY_SEG2="0"))
+    nodes = [n for n in parse_log(tmp_path / "lminf-f16-7.log") if n.mode == 1]
+    assert not [n for n in nodes if n.ops["q"].ne[1] == 7 and n.ops["k"].ne[1] == 256 + 7 * N_GLOBAL]
+
+
+@pytest.mark.parametrize("method", ["lminf", "streaming"])
+def test_decode_past_n_local_reads_the_cache_view(tiny_model, tmp_path, method):
+    """One query past n_local with an F16 cache: the head tokens' keys, rotated for the query, and their values
+    are written into free cells of the cache, and flash attention reads the cache view exactly as stock
+    builds it (no copy of the cells: decoding at the speed of a window)."""
+    nodes = [n for n in fa_nodes(tiny_model, tmp_path, method, "f16", 7) if n.mode == 1 and n.ops["q"].ne[1] == 1]
+    assert nodes and all(n.ops["k"].origin == "cache" and n.ops["v"].origin == "cache" for n in nodes)
+    assert all(n.ops["mask"].origin == "input" for n in nodes)
