@@ -174,26 +174,53 @@ def test_aligned_views_match_the_oracle():
     assert " passed" in run.stdout and " failed" not in run.stdout
 
 
-@pytest.mark.parametrize("method, n_seg2", [("lminf", N_GLOBAL), ("streaming", N_SINK)])
-def test_prefill_past_n_local_goes_through_flash_attention(tiny_model, tmp_path, method, n_seg2):
+def _fa_nodes_in_child(tiny_model: Path, tmp_path: Path, method: str, env: dict[str, str]) -> list[FaNode]:
+    """fa_nodes(method, f16, ubatch 7) in a child process (the library reads its switches once per process)."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), {method!r}, 'f16', 7)")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, **env))
+    return [n for n in parse_log(tmp_path / f"{method}-f16-7.log") if n.mode == 1]
+
+
+def _per_query_nodes(nodes: list[FaNode], n_seg2: int) -> list[FaNode]:
+    return [n for n in nodes if n.ops["q"].ne[1] == 7 and n.ops["k"].ne[1] == 256 + 7 * n_seg2]
+
+
+@pytest.mark.parametrize("method, n_seg2, env", [("streaming", N_SINK, {}), ("lminf", N_GLOBAL, {"FARCTX_PER_QUERY_SEG2": "32"})])
+def test_prefill_past_n_local_goes_through_flash_attention(tiny_model, tmp_path, method, n_seg2, env):
     """A ubatch of 7 queries past n_local: the head tokens (globals, sinks) are copied once per query, each
     copy rotated for its query, and appended to the cells, so one flash-attention call over
-    [256 cells | 7 * n_seg2 copies] computes the whole attention (no two-segment softmax). Its nodes
-    are checked against the layout rules above by test_flash_attention_layouts_are_stock_or_copies."""
-    nodes = [n for n in fa_nodes(tiny_model, tmp_path, method, "f16", 7) if n.mode == 1]
-    per_query = [n for n in nodes if n.ops["q"].ne[1] == 7 and n.ops["k"].ne[1] == 256 + 7 * n_seg2]
+    [256 cells | 7 * n_seg2 copies] computes the whole attention (no two-segment softmax). The CPU takes this
+    path up to 8 head tokens (streaming's 4 sinks; lminf's 10 globals with the GPU's limit, 32, forced).
+    Its nodes follow the layout rules above (test_flash_attention_layouts_are_stock_or_copies)."""
+    nodes = _fa_nodes_in_child(tiny_model, tmp_path, method, env) if env else \
+        [n for n in fa_nodes(tiny_model, tmp_path, method, "f16", 7) if n.mode == 1]
+    per_query = _per_query_nodes(nodes, n_seg2)
     assert per_query and all(n.ops["k"].origin == "CONCAT" and n.ops["mask"].origin == "CONCAT" for n in per_query)
     # two ubatches of the 100-token prompt lie wholly past n_local = 32 (tokens 35-41 and 42-48, ...), per layer
     assert len(per_query) >= 2 * 2
+    assert not list(layout_violations(per_query, {"k": set(), "v": set()}))
 
 
-def test_per_query_path_can_be_switched_off(tiny_model, tmp_path):
-    """FARCTX_PER_QUERY_SEG2=0 (read once per process: a child) keeps the two-segment softmax: no such node."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
-            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), 'lminf', 'f16', 7)")
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, FARCTX_PER_QUERY_SEG2="0"))
-    nodes = [n for n in parse_log(tmp_path / "lminf-f16-7.log") if n.mode == 1]
-    assert not [n for n in nodes if n.ops["q"].ne[1] == 7 and n.ops["k"].ne[1] == 256 + 7 * N_GLOBAL]
+def test_lminf_per_query_copies_match_the_oracle():
+    """lminf's 10 globals take the per-query copies only above the CPU's limit (FARCTX_PER_QUERY_SEG2=32, the
+    GPU's): its oracle suite with flash attention, F16 and Q8_0 caches, ubatch 1/7/64, in that setting."""
+    here = Path(__file__).parent
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_oracle_methods.py"),
+                          "-k", "lminf and faon"], env=dict(os.environ, FARCTX_PER_QUERY_SEG2="32"),
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+def test_both_paths_can_be_switched_off(tiny_model, tmp_path):
+    """FARCTX_PER_QUERY_SEG2=0 and FARCTX_DISPLAY_CELLS=0 keep the two-segment softmax for several queries and
+    the concatenated copy of the cells for one: the checks above can fail."""
+    nodes = _fa_nodes_in_child(tiny_model, tmp_path, "streaming", {"FARCTX_PER_QUERY_SEG2": "0",
+                                                                   "FARCTX_DISPLAY_CELLS": "0"})
+    assert not _per_query_nodes(nodes, N_SINK)
+    decode = [n for n in nodes if n.ops["q"].ne[1] == 1]
+    assert decode and all(n.ops["k"].origin == "CONCAT" for n in decode)
 
 
 @pytest.mark.parametrize("method", ["lminf", "streaming"])

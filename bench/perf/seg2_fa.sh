@@ -15,9 +15,9 @@ model=build/bench/attnbound-2k.gguf
 args=(--model "$model" --methods window,lminf,streaming --lengths 2k,8k,32k --reps "${REPS:-5}" -n 64 -t 2
       -fa on --stock-max 2048)
 for variant in before after; do
-    flag=$([ "$variant" = before ] && echo 0 || echo 1)
-    echo "\$ FARCTX_PER_QUERY_SEG2=$flag FARCTX_DISPLAY_CELLS=$flag farctx bench ${args[*]}" > "$out/$variant.md"
-    FARCTX_PER_QUERY_SEG2=$flag FARCTX_DISPLAY_CELLS=$flag .venv/bin/python -m farctx.cli.main bench "${args[@]}" --json "$out/$variant.json" \
+    if [ "$variant" = before ]; then env=(FARCTX_PER_QUERY_SEG2=0 FARCTX_DISPLAY_CELLS=0); else env=(FARCTX_DISPLAY_CELLS=1); fi
+    echo "\$ ${env[*]} farctx bench ${args[*]}" > "$out/$variant.md"
+    env "${env[@]}" .venv/bin/python -m farctx.cli.main bench "${args[@]}" --json "$out/$variant.json" \
         --plot "$out/$variant.png" >> "$out/$variant.md"
 done
 .venv/bin/python bench/perf/seg2_ratios.py "$out/before.json" "$out/after.json" > "$out/ratios.md"
