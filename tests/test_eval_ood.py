@@ -29,8 +29,9 @@ def oracle_factors(oracle, tokens: list[int], rule) -> dict[str, np.ndarray]:
         lrule = oracle.layer_rule(il, rule)
         logit_max = np.full((oracle.n_head, n), -np.inf)
         entropy = np.zeros((oracle.n_head, n))
+        rot = oracle._rotations(lrule, layer.rope)
         for h in range(oracle.n_head):
-            s = np.where(lrule.allowed, oracle._scores(q[:, h], k[:, h // group], lrule, layer.rope), -np.inf)
+            s = np.where(lrule.allowed, oracle._scores(q[:, h], k[:, h // group], lrule, layer.rope, rot), -np.inf)
             logit_max[h] = s.max(axis=1)
             e = np.exp(s - s.max(axis=1, keepdims=True))
             pr = e / e.sum(axis=1, keepdims=True)
