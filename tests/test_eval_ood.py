@@ -133,6 +133,26 @@ def test_no_callback_unless_asked(tiny_model):
     llm.close()
 
 
+def test_callback_only_for_the_installing_thread(tiny_model):
+    """While the callback is installed, a context another thread builds (a server's) gets none."""
+    import threading
+
+    got: dict[str, object] = {}
+
+    def other_thread() -> None:
+        llm = farctx.Llama(str(tiny_model), n_ctx=64)
+        got["other"] = bool(llm.context_params.cb_eval)
+        llm.close()
+
+    with eval_callback_installed(OodRecorder(OodSettings(n_ctx_train=32, bucket=8))):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        mine = farctx.Llama(str(tiny_model), n_ctx=64)
+    assert got["other"] is False and bool(mine.context_params.cb_eval) is True
+    mine.close()
+
+
 def test_cli_eval_ood_json_png_and_errors(tmp_path, tiny_model):
     text = tmp_path / "doc.txt"
     text.write_text(" ".join(f"sentence number {k} is here." for k in range(200)))

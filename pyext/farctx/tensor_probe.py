@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Optional
@@ -156,24 +157,31 @@ def _callback_type() -> Any:
     return native().llama_cpp.ggml_backend_sched_eval_callback
 
 
+# one installation at a time (the swap is of a module attribute)
+_INSTALL_LOCK = threading.Lock()
+
+
 @contextmanager
 def eval_callback_installed(probe: Probe) -> Iterator[None]:
-    """Inside: every llama context created gets `probe` as its evaluation callback (build the
+    """Inside: every llama context this thread creates gets `probe` as its evaluation callback (build the
     farctx.Llama here; llama_cpp.Llama makes its context parameters with
     llama_context_default_params() in its constructor, and cb_eval has no setter after that)."""
     from ._native import native
 
     module = native().llama_cpp.llama_cpp
-    original: Callable[[], Any] = module.llama_context_default_params
+    with _INSTALL_LOCK:
+        original: Callable[[], Any] = module.llama_context_default_params
+        owner = threading.get_ident()
 
-    def with_callback() -> Any:
-        params = original()
-        params.cb_eval = probe.c_callback
-        params.cb_eval_user_data = None
-        return params
+        def with_callback() -> Any:
+            params = original()
+            if threading.get_ident() == owner:  # a context another thread builds meanwhile gets no callback
+                params.cb_eval = probe.c_callback
+                params.cb_eval_user_data = None
+            return params
 
-    module.llama_context_default_params = with_callback
-    try:
-        yield
-    finally:
-        module.llama_context_default_params = original
+        module.llama_context_default_params = with_callback
+        try:
+            yield
+        finally:
+            module.llama_context_default_params = original
