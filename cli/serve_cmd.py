@@ -18,12 +18,15 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--ctx-max", type=click.IntRange(0), default=0,
               help=f"{whole_stream_label()}: largest cache a request may grow it to (0: 8 x n_ctx_train)")
 @click.option("--no-override", is_flag=True, help="refuse a per-request method (the `farctx` body field)")
+@click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` (comma-separated keys; /health stays open)")
+@click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="as --api-key, one key per line")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @runtime_options()
 @method_options()
 def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: int, no_override: bool,
-          log_level: str, **opts: Any) -> None:
+          api_key: str | None, api_key_file: str | None, log_level: str, **opts: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
 
     Prompts past the cache stream through it with the fixed-cache methods (e.g. lminf); with the
@@ -41,7 +44,20 @@ def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: i
     except ImportError as exc:
         raise click.ClickException(f"farctx serve needs the server packages: pip install 'farctx[serve]' ({exc})")
 
+    keys = api_keys(api_key, api_key_file)
     slot = Slot.from_kwargs(model, llama_kwargs(opts), ctx_max=ctx_max)
     name = alias or Path(resolve_model_path(model)).stem
-    run_server(Server(slot, name, allow_override=not no_override), host=host, port=port, log_level=log_level)
+    run_server(Server(slot, name, allow_override=not no_override), host=host, port=port, log_level=log_level,
+               api_keys=keys)
+
+
+def api_keys(api_key: str | None, api_key_file: str | None) -> frozenset[str]:
+    """The keys of --api-key (comma-separated) and --api-key-file (one per line; blank lines skipped)."""
+    keys = [k.strip() for k in (api_key or "").split(",")]
+    if api_key_file:
+        keys += [line.strip() for line in Path(api_key_file).read_text().splitlines()]
+    keys = [k for k in keys if k]
+    if (api_key is not None or api_key_file) and not keys:
+        raise click.BadParameter("no key given", param_hint="--api-key / --api-key-file")
+    return frozenset(keys)
 

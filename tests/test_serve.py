@@ -188,3 +188,45 @@ def test_client_leaving_mid_stream_leaves_the_server_healthy(server, client):
     assert httpx.get(f"{server}/health").status_code == 200
     again = client.completions.create(model="tiny", prompt="A long story:", max_tokens=5, temperature=0)
     assert again.choices[0].text == expected.choices[0].text
+
+
+def test_api_key_required(tiny_model, tmp_path):
+    """--api-key / --api-key-file: 401 without a valid `Authorization: Bearer` key, /health stays open."""
+    port = _free_port()
+    keys = tmp_path / "keys.txt"
+    keys.write_text("second-key\n\n")
+    args = [sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--port", str(port),
+            "--api-key", "first-key", "--api-key-file", str(keys), "--log-level", "warning"]
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:  # no key needed
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        bad = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+        for key in ("first-key", "second-key"):
+            assert httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        done = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                          headers={"Authorization": "Bearer first-key"}, timeout=60)
+        assert done.status_code == 200
+        assert "(API key required)" in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_warning_on_an_open_address_without_a_key():
+    from farctx.server import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")

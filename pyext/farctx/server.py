@@ -15,6 +15,8 @@ between prefill batches) and the lock is released by the thread that holds it.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import sys
 import threading
@@ -274,11 +276,26 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def create_app(server: Server) -> FastAPI:
-    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health."""
+def _authorized(header: str | None, api_keys: frozenset[str]) -> bool:
+    """`Authorization: Bearer KEY` with one of the keys (compared in constant time)."""
+    scheme, _, key = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip(), k) for k in api_keys)
+
+
+def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAPI:
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health. With api_keys, every
+    route but /health answers 401 to a request without `Authorization: Bearer` and one of them."""
     import farctx
 
     app = FastAPI(title="farctx", version=farctx.__version__)
+
+    if api_keys:
+        @app.middleware("http")
+        async def require_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
+            if request.url.path != "/health" and not _authorized(request.headers.get("authorization"), api_keys):
+                return JSONResponse(error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                               "authentication_error"), status_code=401)
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -314,9 +331,20 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          api_keys: frozenset[str] = frozenset()) -> None:
     import uvicorn
 
+    if not api_keys and not is_loopback(host):
+        print(f"farctx: warning: listening on {host} without --api-key: anyone who can reach port {port} can "
+              "use the model", file=sys.stderr, flush=True)
     print(f"farctx: serving {server.alias} ({server.slot.engine(server.slot.method).method_params.describe()}) "
-          f"on http://{host}:{port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(server), host=host, port=port, log_level=log_level)
+          f"on http://{host}:{port}/v1" + (" (API key required)" if api_keys else ""), file=sys.stderr, flush=True)
+    uvicorn.run(create_app(server, api_keys), host=host, port=port, log_level=log_level)
