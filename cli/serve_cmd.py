@@ -21,12 +21,17 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` (comma-separated keys; /health stays open)")
 @click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="as --api-key, one key per line")
+@click.option("--ssl-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="serve HTTPS with this PEM private key (with --ssl-cert-file)")
+@click.option("--ssl-cert-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="serve HTTPS with this PEM certificate (with --ssl-key-file)")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @runtime_options()
 @method_options()
 def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: int, no_override: bool,
-          api_key: str | None, api_key_file: str | None, log_level: str, **opts: Any) -> None:
+          api_key: str | None, api_key_file: str | None, ssl_key_file: str | None, ssl_cert_file: str | None,
+          log_level: str, **opts: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
 
     Prompts past the cache stream through it with the fixed-cache methods (e.g. lminf); with the
@@ -45,10 +50,12 @@ def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: i
         raise click.ClickException(f"farctx serve needs the server packages: pip install 'farctx[serve]' ({exc})")
 
     keys = api_keys(api_key, api_key_file)
+    if (ssl_key_file is None) != (ssl_cert_file is None):
+        raise click.BadParameter("give both or neither", param_hint="--ssl-key-file / --ssl-cert-file")
     slot = Slot.from_kwargs(model, llama_kwargs(opts), ctx_max=ctx_max)
     name = alias or Path(resolve_model_path(model)).stem
     run_server(Server(slot, name, allow_override=not no_override), host=host, port=port, log_level=log_level,
-               api_keys=keys)
+               api_keys=keys, ssl=(ssl_key_file, ssl_cert_file) if ssl_key_file else None)
 
 
 def api_keys(api_key: str | None, api_key_file: str | None) -> frozenset[str]:

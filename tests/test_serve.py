@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -230,3 +232,38 @@ def test_warning_on_an_open_address_without_a_key():
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+def test_https_with_a_key_and_certificate(tiny_model, tmp_path):
+    """--ssl-key-file / --ssl-cert-file serve HTTPS (a self-signed test certificate for 127.0.0.1,
+    tests/data); one without the other is refused."""
+    data = Path(__file__).parent / "data"
+    key, cert = data / "tls-test-key.pem", data / "tls-test-cert.pem"
+    trust = ssl.create_default_context(cafile=str(cert))
+    half = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model),
+                           "--ssl-key-file", str(key)], capture_output=True, text=True, timeout=120)
+    assert half.returncode == 2 and "give both or neither" in half.stderr
+    port = _free_port()
+    log = tmp_path / "server.log"
+    args = [sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--port", str(port),
+            "--ssl-key-file", str(key), "--ssl-cert-file", str(cert), "--log-level", "warning"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"https://127.0.0.1:{port}/health", verify=trust, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        done = httpx.post(f"https://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                          verify=trust, timeout=60)
+        assert done.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)

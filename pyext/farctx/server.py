@@ -339,12 +339,15 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          api_keys: frozenset[str] = frozenset()) -> None:
+          api_keys: frozenset[str] = frozenset(), ssl: Optional[tuple[str, str]] = None) -> None:
+    """Runs the app with uvicorn; ssl: (PEM key file, PEM certificate file) for HTTPS."""
     import uvicorn
 
     if not api_keys and not is_loopback(host):
         print(f"farctx: warning: listening on {host} without --api-key: anyone who can reach port {port} can "
               "use the model", file=sys.stderr, flush=True)
     print(f"farctx: serving {server.alias} ({server.slot.engine(server.slot.method).method_params.describe()}) "
-          f"on http://{host}:{port}/v1" + (" (API key required)" if api_keys else ""), file=sys.stderr, flush=True)
-    uvicorn.run(create_app(server, api_keys), host=host, port=port, log_level=log_level)
+          f"on {'https' if ssl else 'http'}://{host}:{port}/v1" + (" (API key required)" if api_keys else ""),
+          file=sys.stderr, flush=True)
+    uvicorn.run(create_app(server, api_keys), host=host, port=port, log_level=log_level,
+                ssl_keyfile=ssl[0] if ssl else None, ssl_certfile=ssl[1] if ssl else None)
