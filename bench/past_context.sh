@@ -5,7 +5,8 @@
 # A 32k context takes hours on 2 CPU cores: by default the methods assume a 2,048-token context
 # (--n-ctx-train 2048) and the prompt is ~4x that (8,300 tokens of Emma), which exercises the same
 # mechanism (full-attention layers past their assumed context, a fixed cache for lminf). N_CTX_TRAIN=0
-# and N_TOKENS=34000 run it for real (on a GPU add NGL=all). Outputs: bench/past-context/MODEL/.
+# and N_TOKENS=34000 run it for real (on a GPU add NGL=all). Outputs: bench/past-context/MODEL/ (TAG=x: files
+# METHOD-x.txt, beside the default run's).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=${MODEL:-gemma3-270m}
@@ -13,7 +14,8 @@ out="$root/bench/past-context/$model"
 n_ctx_train=${N_CTX_TRAIN:-2048}
 n_tokens=${N_TOKENS:-8300}
 mkdir -p "$out"
-"$root/.venv/bin/python" - "$out/prompt.txt" "$n_tokens" "$model" <<'PY'
+tag=${TAG:+-$TAG}
+"$root/.venv/bin/python" - "$out/prompt$tag.txt" "$n_tokens" "$model" <<'PY'
 import sys
 import farctx
 from farctx.data import austen
@@ -32,9 +34,9 @@ PY
 for method in ${METHODS:-lminf mesa}; do
     model_arg=()
     [ "$model" = default ] || model_arg=(-m "$model")
-    cmd=(farctx generate "${model_arg[@]}" -f "bench/past-context/$model/prompt.txt" -n 48 --temp 0 --seed 1 -t "${THREADS:-2}"
+    cmd=(farctx generate "${model_arg[@]}" -f "bench/past-context/$model/prompt$tag.txt" -n 48 --temp 0 --seed 1 -t "${THREADS:-2}"
          -ngl "${NGL:-0}" --method "$method" --n-ctx-train "$n_ctx_train" --json)
-    echo "\$ ${cmd[*]}" > "$out/$method.txt"
+    echo "\$ ${cmd[*]}" > "$out/$method$tag.txt"
     ( cd "$root" && /usr/bin/time -f "%e s wall, %M KiB max RSS" ".venv/bin/python" -m farctx.cli.main "${cmd[@]:1}" ) \
-        >> "$out/$method.txt" 2>&1
+        >> "$out/$method$tag.txt" 2>&1
 done
