@@ -7,22 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/bench/long-prompt"
 mkdir -p "$out"
-"$root/.venv/bin/python" - "$out/prompt.txt" <<'PY'
-import sys
-import farctx
-from farctx.data import austen
-text = austen("emma")
-llm = farctx.Llama(n_ctx=256)
-words = text.split(" ")
-lo, hi = 0, len(words)
-while lo < hi:  # the shortest prefix of whole words past 34,000 tokens
-    mid = (lo + hi) // 2
-    if len(llm.tokenize(" ".join(words[:mid]).encode())) < 34000:
-        lo = mid + 1
-    else:
-        hi = mid
-open(sys.argv[1], "w").write(" ".join(words[:lo]))
-PY
+"$root/.venv/bin/python" "$root/bench/austen_prompt.py" "$out/prompt.txt" 34000
 for method in ${METHODS:-lminf vanilla}; do
     extra=()
     [ "$method" = vanilla ] && extra=(-c 34304 -fa on)

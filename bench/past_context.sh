@@ -15,22 +15,7 @@ n_ctx_train=${N_CTX_TRAIN:-2048}
 n_tokens=${N_TOKENS:-8300}
 mkdir -p "$out"
 tag=${TAG:+-$TAG}
-"$root/.venv/bin/python" - "$out/prompt$tag.txt" "$n_tokens" "$model" <<'PY'
-import sys
-import farctx
-from farctx.data import austen
-target = int(sys.argv[2])
-words = austen("emma").split(" ")
-llm = farctx.Llama(None if sys.argv[3] == "default" else sys.argv[3], n_ctx=256)
-lo, hi = 0, len(words)
-while lo < hi:  # the shortest prefix of whole words past the target length in Gemma's tokens
-    mid = (lo + hi) // 2
-    if len(llm.tokenize(" ".join(words[:mid]).encode())) < target:
-        lo = mid + 1
-    else:
-        hi = mid
-open(sys.argv[1], "w").write(" ".join(words[:lo]))
-PY
+"$root/.venv/bin/python" "$root/bench/austen_prompt.py" "$out/prompt$tag.txt" "$n_tokens" "$model"
 for method in ${METHODS:-lminf mesa}; do
     model_arg=()
     [ "$model" = default ] || model_arg=(-m "$model")
