@@ -18,7 +18,7 @@ from ._log import LlamaLog
 from ._native import native
 from .errors import FarctxError, NoSpaceError
 from .methods import MethodParams
-from .models import check_gguf, n_ctx_train, resolve_model_path, sliding_window
+from .models import check_gguf, context_and_window, resolve_model_path
 
 _N = native()
 _ffi, _lib = _N.ffi, _N.lib
@@ -108,19 +108,21 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         check_gguf(path)
         _check_kv_types(kwargs)
         fixed_cache = bool(_lib.farctx_method_fixed_cache(c_params.method))
+        if fixed_cache:
+            n_train, window = context_and_window(path)
         if fixed_cache and not kwargs.get("n_ctx"):
             # the cache these methods need, not the length of the text: head + n_local + n_ubatch
             n_ubatch = min(kwargs.get("n_ubatch", 512), kwargs.get("n_batch", 512))
-            kwargs["n_ctx"] = int(_lib.farctx_cache_cells(c_params, n_ctx_train(path), n_ubatch, 0, 0))
+            kwargs["n_ctx"] = int(_lib.farctx_cache_cells(c_params, n_train, n_ubatch, 0, 0))
             # sliding-window layers (iSWA): llama.cpp sizes their cache min(n_ctx, window + n_ubatch)
-            if sliding_window(path):
-                kwargs["n_ctx"] = max(kwargs["n_ctx"], sliding_window(path) + n_ubatch)
+            if window:
+                kwargs["n_ctx"] = max(kwargs["n_ctx"], window + n_ubatch)
         elif fixed_cache and "n_ubatch" not in kwargs:
             # a given cache: let the ubatch take the room that head + n_local leave (at most 512), and that
             # the sliding window leaves (iSWA)
-            room = kwargs["n_ctx"] - int(_lib.farctx_cache_cells(c_params, n_ctx_train(path), 0, 0, 0))
-            if sliding_window(path):
-                room = min(room, kwargs["n_ctx"] - sliding_window(path))
+            room = kwargs["n_ctx"] - int(_lib.farctx_cache_cells(c_params, n_train, 0, 0, 0))
+            if window:
+                room = min(room, kwargs["n_ctx"] - window)
             if 0 < room < min(512, kwargs.get("n_batch", 512)):
                 kwargs["n_ubatch"] = room
         kwargs.setdefault("verbose", False)
