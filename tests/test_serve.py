@@ -9,7 +9,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -26,33 +29,42 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextmanager
+def running_server(args: list[str], log: Path, base: str, **client: Any) -> Iterator[str]:
+    """`farctx serve ARGS` in a child until the block ends; yields base once /health answers (client: httpx
+    options, e.g. verify for HTTPS)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "farctx.cli.main", "serve", *args], stdout=out,
+                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1, **client).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"server did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = [sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--method", "lminf",
-            "--port", str(port), "-ub", "16", "--ctx-max", "512", "-a", "tiny", "--log-level", "warning"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start:\n{log.read_text()}")
-        time.sleep(0.2)
-    yield base
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "--ctx-max", "512",
+            "-a", "tiny", "--log-level", "warning"]
+    with running_server(args, log, f"http://127.0.0.1:{port}") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -197,22 +209,10 @@ def test_api_key_required(tiny_model, tmp_path):
     port = _free_port()
     keys = tmp_path / "keys.txt"
     keys.write_text("second-key\n\n")
-    args = [sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--port", str(port),
-            "--api-key", "first-key", "--api-key-file", str(keys), "--log-level", "warning"]
+    args = ["-m", str(tiny_model), "--port", str(port), "--api-key", "first-key", "--api-key-file", str(keys),
+            "--log-level", "warning"]
     log = tmp_path / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:  # no key needed
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    with running_server(args, log, f"http://127.0.0.1:{port}") as base:  # /health answered without a key
         assert httpx.get(f"{base}/v1/models").status_code == 401
         bad = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer wrong"})
         assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
@@ -222,9 +222,6 @@ def test_api_key_required(tiny_model, tmp_path):
                           headers={"Authorization": "Bearer first-key"}, timeout=60)
         assert done.status_code == 200
         assert "(API key required)" in log.read_text()
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_warning_on_an_open_address_without_a_key():
@@ -244,26 +241,10 @@ def test_https_with_a_key_and_certificate(tiny_model, tmp_path):
                            "--ssl-key-file", str(key)], capture_output=True, text=True, timeout=120)
     assert half.returncode == 2 and "give both or neither" in half.stderr
     port = _free_port()
-    log = tmp_path / "server.log"
-    args = [sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--port", str(port),
-            "--ssl-key-file", str(key), "--ssl-cert-file", str(cert), "--log-level", "warning"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"https://127.0.0.1:{port}/health", verify=trust, timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    args = ["-m", str(tiny_model), "--port", str(port), "--ssl-key-file", str(key), "--ssl-cert-file", str(cert),
+            "--log-level", "warning"]
+    with running_server(args, tmp_path / "server.log", f"https://127.0.0.1:{port}", verify=trust) as base:
         with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-        done = httpx.post(f"https://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
-                          verify=trust, timeout=60)
+        done = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, verify=trust, timeout=60)
         assert done.status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(10)
