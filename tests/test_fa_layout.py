@@ -144,14 +144,18 @@ def test_flash_attention_layouts_are_stock_or_copies(tiny_model, tmp_path, stock
     assert not problems, f"{method} {kv} ubatch {n_ubatch}:\n" + "\n".join(problems)
 
 
+def _fa_nodes_in_child(tiny_model: Path, tmp_path: Path, method: str, env: dict[str, str]) -> list[FaNode]:
+    """fa_nodes(method, f16, ubatch 7) in a child process (the library reads its switches once per process)."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), {method!r}, 'f16', 7)")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, **env))
+    return [n for n in parse_log(tmp_path / f"{method}-f16-7.log") if n.mode == 1]
+
+
 def test_the_check_can_fail(tiny_model, tmp_path, stock_layouts):
     """With FARCTX_ROPE_F16_DIRECT=1 (the F16 RoPE output goes straight to flash attention, as before the
     fix) mesa's last chunk is flagged; without it, the same run takes the F32 rotation and a cast (CPY)."""
-    # the flag is read once per process: the direct variant runs in a child
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
-            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), 'mesa', 'f16', 7)")
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, FARCTX_ROPE_F16_DIRECT="1"))
-    direct = [n for n in parse_log(tmp_path / "mesa-f16-7.log") if n.mode == 1]
+    direct = _fa_nodes_in_child(tiny_model, tmp_path, "mesa", {"FARCTX_ROPE_F16_DIRECT": "1"})
     problems = list(layout_violations(direct, stock_layouts["f16"]))
     assert any("written by ROPE" in p for p in problems)
     fixed = [n for n in fa_nodes(tiny_model, tmp_path, "mesa", "f16", 7) if n.mode == 1]
@@ -172,14 +176,6 @@ def test_aligned_views_match_the_oracle():
                          env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
-
-
-def _fa_nodes_in_child(tiny_model: Path, tmp_path: Path, method: str, env: dict[str, str]) -> list[FaNode]:
-    """fa_nodes(method, f16, ubatch 7) in a child process (the library reads its switches once per process)."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
-            f"import test_fa_layout as t; t.fa_nodes(Path({str(tiny_model)!r}), Path({str(tmp_path)!r}), {method!r}, 'f16', 7)")
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, **env))
-    return [n for n in parse_log(tmp_path / f"{method}-f16-7.log") if n.mode == 1]
 
 
 def _per_query_nodes(nodes: list[FaNode], n_seg2: int) -> list[FaNode]:
