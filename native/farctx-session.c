@@ -83,9 +83,10 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
 
     /* a fixed cache on sliding-window layers (iSWA): llama.cpp sizes their cache min(n_ctx, n_swa + n_ubatch)
      * cells, and a stream longer than the cache only finds room there for a ubatch once n_swa + n_ubatch cells
-     * exist (every cell inside the window is in use). A whole-stream cache holds the stream in both. */
+     * exist (every cell inside the window is in use). A whole-stream cache holds the stream in both. (A
+     * fixed-cache method got here only on a model llama_model_attn_extrap_supported accepts.) */
     const int32_t n_swa = llama_model_n_swa(model);
-    if (method->info.fixed_cache && n_swa > 0 && llama_model_attn_extrap_supported(model, NULL, 0) &&
+    if (method->info.fixed_cache && n_swa > 0 &&
             (int64_t) llama_n_ctx(ctx) < (int64_t) n_swa + llama_n_ubatch(ctx)) {
         farctx_fail(err, err_size, FARCTX_ERR_PARAM,
             "the KV cache holds %u cells, and this model's sliding-window layers need their window + n_ubatch = "
