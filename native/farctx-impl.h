@@ -81,6 +81,7 @@ extern const struct farctx_method_ops farctx_mesa_ops;
 struct farctx_session {
     struct llama_context * ctx;
     const struct llama_model * model;
+    llama_seq_id seq;              /* the sequence (KV stream) of the context that holds the stream */
     struct farctx_params params;   /* defaults resolved */
     const struct farctx_method_ops * ops;
     void  * state;                 /* the method's own (ops->init / ops->free) */

@@ -173,7 +173,7 @@ static int32_t rotate_cache(struct farctx_session * s, int64_t pos) {
         any |= m->k_step[j] != 0;
     }
     /* applied by the K-shift at the start of the next llama_decode */
-    if (any && !llama_memory_seq_rotate_k(llama_get_memory(s->ctx), 0, 0, (llama_pos) pos, m->k_step)) {
+    if (any && !llama_memory_seq_rotate_k(llama_get_memory(s->ctx), s->seq, 0, (llama_pos) pos, m->k_step)) {
         return farctx_session_fail(s, FARCTX_ERR_DECODE, "mesa: llama.cpp cannot rotate the cached keys in place");
     }
     m->rot_S = S;
@@ -306,7 +306,7 @@ static int32_t validate(const struct farctx_params * p, char * err, size_t err_s
 static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
     struct farctx_mesa * m = calloc(1, sizeof(*m));
     /* per position of the cache: the in-place key rotation to apply (rotate_cache) */
-    int32_t * k_step = calloc(llama_n_ctx(s->ctx), sizeof(int32_t));
+    int32_t * k_step = calloc(llama_n_ctx_seq(s->ctx), sizeof(int32_t));
     if (m == NULL || k_step == NULL) {
         free(m);
         free(k_step);

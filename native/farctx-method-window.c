@@ -206,7 +206,7 @@ static int32_t selfextend_validate(const struct farctx_params * p, char * err, s
 static int32_t selfextend_init(struct farctx_session * s, char * err, size_t err_size) {
     if (s->params.group <= 0) {
         /* groups wide enough that the whole cache maps inside the trained context */
-        const int64_t W = s->params.neighbor, L = s->params.n_ctx_train, n = llama_n_ctx(s->ctx);
+        const int64_t W = s->params.neighbor, L = s->params.n_ctx_train, n = llama_n_ctx_seq(s->ctx);
         const int64_t G = n > W ? (n - W + (L - W) - 1) / (L - W) : 1;
         s->params.group = (int32_t) (G > 1 ? G : 1);
     }

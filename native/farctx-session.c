@@ -6,8 +6,18 @@
 
 struct farctx_session * farctx_session_init(struct llama_context * ctx, const struct farctx_params * params,
                                             char * err, size_t err_size) {
+    return farctx_session_init_seq(ctx, params, 0, err, err_size);
+}
+
+struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, const struct farctx_params * params,
+                                                int32_t seq_id, char * err, size_t err_size) {
     if (ctx == NULL) {
         farctx_fail(err, err_size, FARCTX_ERR_PARAM, "no llama_context");
+        return NULL;
+    }
+    if (seq_id < 0 || (uint32_t) seq_id >= llama_n_seq_max(ctx)) {
+        farctx_fail(err, err_size, FARCTX_ERR_PARAM, "sequence %d is not in the context (it has %u: 0 .. %u)",
+                    seq_id, llama_n_seq_max(ctx), llama_n_seq_max(ctx) - 1);
         return NULL;
     }
     struct farctx_params defaults = farctx_default_params();
@@ -39,6 +49,7 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     }
     s->ctx    = ctx;
     s->model  = model;
+    s->seq    = seq_id;
     s->ops    = method->ops;
     s->params = *params;
     farctx_params_resolve(&s->params, model);
@@ -58,7 +69,8 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
             rc == LLAMA_ATTN_EXTRAP_ERR_MODEL   ? "this model architecture is not supported (needs a causal RoPE model: "
                                                   "no recurrent, MLA, M-RoPE, chunked or symmetric sliding-window "
                                                   "layers)" :
-            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context holds several sequences (use n_seq_max = 1)" :
+            rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context holds several sequences in one unified KV cache "
+                                                  "(use kv_unified = false: one stream per sequence)" :
                                                   "llama.cpp refused the attention parameters");
         if (s->ops->free != NULL) {
             s->ops->free(s);
@@ -70,10 +82,10 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     if (method->info.fixed_cache) {
         const int32_t head = farctx_params_head(&s->params);
         const int64_t need = farctx_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx), 0, 0);
-        if ((int64_t) llama_n_ctx(ctx) < need) {
+        if ((int64_t) llama_n_ctx_seq(ctx) < need) {
             farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                 "the KV cache holds %u cells, %s needs %s + n_local + n_ubatch = %d + %d + %u = %lld: "
-                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx(ctx), method->info.name,
+                "enlarge it (-c / n_ctx) or lower n_local / n_ubatch", llama_n_ctx_seq(ctx), method->info.name,
                 method->info.head_param >= 0 ? farctx_param_get_info(method->info.head_param).name : "0",
                 head, s->params.n_local, llama_n_ubatch(ctx), (long long) need);
             farctx_session_free(s);
@@ -87,17 +99,17 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
      * fixed-cache method got here only on a model llama_model_attn_extrap_supported accepts.) */
     const int32_t n_swa = llama_model_n_swa(model);
     if (method->info.fixed_cache && n_swa > 0 &&
-            (int64_t) llama_n_ctx(ctx) < (int64_t) n_swa + llama_n_ubatch(ctx)) {
+            (int64_t) llama_n_ctx_seq(ctx) < (int64_t) n_swa + llama_n_ubatch(ctx)) {
         farctx_fail(err, err_size, FARCTX_ERR_PARAM,
             "the KV cache holds %u cells, and this model's sliding-window layers need their window + n_ubatch = "
             "%d + %u = %lld (llama.cpp caps their cache at the context size): enlarge it (-c / n_ctx) or lower "
-            "n_ubatch", llama_n_ctx(ctx), n_swa, llama_n_ubatch(ctx), (long long) n_swa + llama_n_ubatch(ctx));
+            "n_ubatch", llama_n_ctx_seq(ctx), n_swa, llama_n_ubatch(ctx), (long long) n_swa + llama_n_ubatch(ctx));
         farctx_session_free(s);
         return NULL;
     }
 
-    /* the stream starts empty: whatever seq 0 held before is not part of it */
-    llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
+    /* the stream starts empty: whatever its sequence held before is not part of it */
+    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
     return s;
 }
 
@@ -113,9 +125,13 @@ void farctx_session_free(struct farctx_session * session) {
     if (session == NULL) {
         return;
     }
-    /* the context may outlive the session: leave it with the stock graph */
-    struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
-    llama_set_attn_extrap(session->ctx, &none);
+    /* the context may outlive the session: leave it with the stock graph, unless it runs another session's
+     * settings (several sequences) */
+    const struct llama_attn_extrap_params cur = llama_get_attn_extrap(session->ctx);
+    if (cur.user_data == (void *) session || cur.mode == LLAMA_ATTN_EXTRAP_NONE) {
+        struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
+        llama_set_attn_extrap(session->ctx, &none);
+    }
     if (session->ops->free != NULL) {
         session->ops->free(session);
     }
@@ -123,7 +139,7 @@ void farctx_session_free(struct farctx_session * session) {
 }
 
 static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
-    const int64_t n_ctx = llama_n_ctx(s->ctx);
+    const int64_t n_ctx = llama_n_ctx_seq(s->ctx);  /* the cells of the sequence's stream */
     const int64_t need  = s->n_past + n_tokens;
     if (need > INT32_MAX) {
         return farctx_session_fail(s, FARCTX_ERR_NO_SPACE,
@@ -142,6 +158,86 @@ static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
     return FARCTX_OK;
 }
 
+/* the tokens of a feed are in the vocabulary */
+static int32_t check_tokens(struct farctx_session * s, const int32_t * tokens, int32_t n_tokens) {
+    if (n_tokens < 0 || (n_tokens > 0 && tokens == NULL)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "invalid token array (n_tokens = %d)", n_tokens);
+    }
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return farctx_session_fail(s, FARCTX_ERR_PARAM,
+                "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i, n_vocab - 1);
+        }
+    }
+    return FARCTX_OK;
+}
+
+/* tokens of the next llama_decode of this stream: at most n_max, within the method's segment */
+static int32_t chunk_tokens(const struct farctx_session * s, int32_t n_left, int32_t n_max) {
+    int32_t n = n_left < n_max ? n_left : n_max;
+    if (s->ops->segment_end != NULL) {  /* one segment of the method per llama_decode */
+        const int64_t room = s->ops->segment_end(s, s->n_past) - s->n_past;
+        n = room < n ? (int32_t) room : n;
+    }
+    return n;
+}
+
+/* the graph settings of a llama_decode of n tokens at the end of the stream. While every query of the batch sees
+ * what vanilla attention shows it, the stock graph runs (one segment, flash attention where enabled): as fast as
+ * stock llama.cpp */
+static struct llama_attn_extrap_params chunk_params(const struct farctx_session * s, int32_t n) {
+    const bool plain = s->n_past + n <= s->ops->plain_below(s);
+    struct llama_attn_extrap_params ex = plain ? llama_attn_extrap_default_params() : s->custom;
+    if (!plain && s->ops->batch_params != NULL) {
+        s->ops->batch_params(s, s->n_past, n, &ex);
+    }
+    return ex;
+}
+
+/* before a llama_decode of the stream: evict the keys no query reads again (fixed cache), the method's own step */
+static int32_t begin_chunk(struct farctx_session * s) {
+    if (fixed_cache(s)) {
+        /* keys that no query from here on reads: positions [n_global, first needed) */
+        const int64_t first = first_needed(s, s->n_past);
+        const int32_t head = farctx_params_head(&s->params);
+        if (first > head && first > s->evicted_to) {
+            /* from the full-attention layers' cache only: sliding-window layers (iSWA) keep their own
+             * window, and their cache drops what the window passed by itself */
+            llama_memory_seq_rm_base(llama_get_memory(s->ctx), s->seq, head, (llama_pos) first);
+            s->evicted_to = first;
+        }
+    }
+    return s->ops->before_decode != NULL ? s->ops->before_decode(s, s->n_past) : FARCTX_OK;
+}
+
+/* the context runs ex (with its callback) for the next llama_decode */
+static int32_t use_params(struct farctx_session * s, const struct llama_attn_extrap_params * ex) {
+    const struct llama_attn_extrap_params cur = llama_get_attn_extrap(s->ctx);
+    if (llama_attn_extrap_same_graph(ex, &cur) && ex->fill == cur.fill && ex->user_data == cur.user_data) {
+        return FARCTX_OK;
+    }
+    const int32_t rc = llama_set_attn_extrap(s->ctx, ex);
+    if (rc != LLAMA_ATTN_EXTRAP_OK) {
+        return farctx_session_fail(s, FARCTX_ERR_DECODE, "llama.cpp refused the attention settings "
+                                   "at token %lld (code %d)", (long long) s->n_past, rc);
+    }
+    s->active = *ex;
+    return FARCTX_OK;
+}
+
+/* after a failed llama_decode: nothing of it stays in the stream; the code and message */
+static int32_t chunk_failed(struct farctx_session * s, int32_t ret) {
+    llama_memory_seq_rm(llama_get_memory(s->ctx), s->seq, (llama_pos) s->n_past, -1);
+    if (s->fill_error) {
+        /* the method refused the ubatch (its message is in s->error; llama_decode failed it without
+         * computing it) */
+        return FARCTX_ERR_PARAM;
+    }
+    return farctx_session_fail(s, ret == 1 ? FARCTX_ERR_NO_SPACE : FARCTX_ERR_DECODE,
+        "llama_decode failed with code %d at token %lld", ret, (long long) s->n_past);
+}
+
 int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, int32_t n_tokens,
                             bool all_logits, float * logits,
                             farctx_progress_cb progress, void * progress_data) {
@@ -149,45 +245,27 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         return FARCTX_ERR_PARAM;
     }
     s->error[0] = '\0';
-    if (n_tokens < 0 || (n_tokens > 0 && tokens == NULL)) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "invalid token array (n_tokens = %d)", n_tokens);
+    int32_t rc = check_tokens(s, tokens, n_tokens);
+    if (rc != FARCTX_OK || n_tokens == 0) {
+        return rc;
     }
-    if (n_tokens == 0) {
-        return FARCTX_OK;
-    }
-
-    const struct llama_vocab * vocab = llama_model_get_vocab(s->model);
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    for (int32_t i = 0; i < n_tokens; ++i) {
-        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-            return farctx_session_fail(s, FARCTX_ERR_PARAM,
-                "token %d at index %d is outside the vocabulary (0..%d)", tokens[i], i, n_vocab - 1);
-        }
-    }
-
-    int32_t rc = check_space(s, n_tokens);
+    rc = check_space(s, n_tokens);
     if (rc != FARCTX_OK) {
         return rc;
     }
 
-    const bool fixed = fixed_cache(s);
-    const struct farctx_method_ops * ops = s->ops;
-    if (ops->begin_feed != NULL) {
-        ops->begin_feed(s, n_tokens);
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
+    if (s->ops->begin_feed != NULL) {
+        s->ops->begin_feed(s, n_tokens);
     }
     /* a fixed-size cache evicts between calls: one ubatch per llama_decode */
-    const int32_t n_batch = (int32_t) (fixed ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
+    const int32_t n_batch = (int32_t) (fixed_cache(s) ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
     /* sized to this call (one token per call when decoding): llama_batch_init allocates a sequence-id
      * array per slot */
     struct llama_batch batch = llama_batch_init(n_tokens < n_batch ? n_tokens : n_batch, 0, 1);
-    llama_memory_t mem = llama_get_memory(s->ctx);
 
     for (int32_t done = 0; done < n_tokens; ) {
-        int32_t n = (n_tokens - done < n_batch) ? n_tokens - done : n_batch;
-        if (ops->segment_end != NULL) {  /* one segment of the method per llama_decode */
-            const int64_t room = ops->segment_end(s, s->n_past) - s->n_past;
-            n = room < n ? (int32_t) room : n;
-        }
+        const int32_t n = chunk_tokens(s, n_tokens - done, n_batch);
         const bool last_chunk = done + n == n_tokens;
 
         batch.n_tokens = n;
@@ -195,63 +273,26 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
             batch.token[i]     = tokens[done + i];
             batch.pos[i]       = (llama_pos) (s->n_past + i);
             batch.n_seq_id[i]  = 1;
-            batch.seq_id[i][0] = 0;
+            batch.seq_id[i][0] = s->seq;
             batch.logits[i]    = (all_logits && logits != NULL) || (last_chunk && i == n - 1);
         }
 
-        if (fixed) {
-            /* keys that no query from here on reads: positions [n_global, first needed) */
-            const int64_t first = first_needed(s, s->n_past);
-            const int32_t head = farctx_params_head(&s->params);
-            if (first > head && first > s->evicted_to) {
-                /* from the full-attention layers' cache only: sliding-window layers (iSWA) keep their own
-                 * window, and their cache drops what the window passed by itself */
-                llama_memory_seq_rm_base(mem, 0, head, (llama_pos) first);
-                s->evicted_to = first;
-            }
+        const struct llama_attn_extrap_params ex = chunk_params(s, n);
+        rc = begin_chunk(s);
+        if (rc == FARCTX_OK) {
+            rc = use_params(s, &ex);
         }
-
-        /* while every query of the batch sees what vanilla attention shows it, the stock graph runs
-         * (one segment, flash attention where enabled): as fast as stock llama.cpp */
-        const bool plain = s->n_past + n <= ops->plain_below(s);
-        struct llama_attn_extrap_params ex = plain ? llama_attn_extrap_default_params() : s->custom;
-        if (!plain && ops->batch_params != NULL) {
-            ops->batch_params(s, s->n_past, n, &ex);
-        }
-        if (!llama_attn_extrap_same_graph(&ex, &s->active)) {
-            const int32_t rc = llama_set_attn_extrap(s->ctx, &ex);
-            if (rc != LLAMA_ATTN_EXTRAP_OK) {
-                llama_batch_free(batch);
-                return farctx_session_fail(s, FARCTX_ERR_DECODE, "llama.cpp refused the attention settings "
-                                           "at token %lld (code %d)", (long long) s->n_past, rc);
-            }
-            s->active = ex;
-        }
-
-        if (ops->before_decode != NULL) {
-            const int32_t rc = ops->before_decode(s, s->n_past);
-            if (rc != FARCTX_OK) {
-                llama_batch_free(batch);
-                return rc;
-            }
+        if (rc != FARCTX_OK) {
+            llama_batch_free(batch);
+            return rc;
         }
 
         s->fill_error = false;
         const int32_t ret = llama_decode(s->ctx, batch);
         s->n_decode++;
-        if (s->fill_error) {
-            /* the method refused the ubatch (its message is in s->error; llama_decode failed it without
-             * computing it): nothing of it stays */
+        if (ret != 0 || s->fill_error) {
             llama_batch_free(batch);
-            llama_memory_seq_rm(mem, 0, (llama_pos) s->n_past, -1);
-            return FARCTX_ERR_PARAM;
-        }
-        if (ret != 0) {
-            llama_batch_free(batch);
-            /* a failed decode leaves no partial tokens of this batch in the stream */
-            llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) s->n_past, -1);
-            return farctx_session_fail(s, ret == 1 ? FARCTX_ERR_NO_SPACE : FARCTX_ERR_DECODE,
-                "llama_decode failed with code %d at token %lld", ret, (long long) s->n_past);
+            return chunk_failed(s, ret);
         }
 
         if (logits != NULL) {
@@ -278,6 +319,193 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
     return FARCTX_OK;
 }
 
+/* the sessions of one llama_decode: the callback of each sequence's queries is its session's */
+struct farctx_group {
+    struct farctx_session ** members;
+    int32_t n;
+};
+
+static int32_t group_fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
+    const struct farctx_group * g = (const struct farctx_group *) user_data;
+    for (int32_t i = 0; i < g->n; ++i) {
+        struct farctx_session * m = g->members[i];
+        if (m->seq == ub->seq_id) {
+            return m->custom.fill(m->custom.user_data, ub);
+        }
+    }
+    return 1;  /* a sequence of no session of the group: llama.cpp fails the ubatch */
+}
+
+int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessions,
+                             const int32_t * const * tokens, const int32_t * n_tokens,
+                             float * logits, int32_t * failed) {
+    if (failed != NULL) {
+        *failed = -1;
+    }
+    if (n_sessions <= 0 || sessions == NULL || tokens == NULL || n_tokens == NULL) {
+        return n_sessions == 0 ? FARCTX_OK : FARCTX_ERR_PARAM;
+    }
+    struct llama_context * ctx = sessions[0] ? sessions[0]->ctx : NULL;
+    int32_t rc = FARCTX_OK;
+    int32_t bad = -1;
+    for (int32_t i = 0; i < n_sessions && rc == FARCTX_OK; ++i) {
+        struct farctx_session * s = sessions[i];
+        if (s == NULL) {
+            return FARCTX_ERR_PARAM;
+        }
+        s->error[0] = '\0';
+        bad = i;
+        if (s->ctx != ctx) {
+            rc = farctx_session_fail(s, FARCTX_ERR_PARAM, "the sessions fed together must share one llama_context");
+        }
+        for (int32_t j = 0; j < i && rc == FARCTX_OK; ++j) {
+            if (sessions[j]->seq == s->seq) {
+                rc = farctx_session_fail(s, FARCTX_ERR_PARAM, "two sessions of sequence %d fed together", s->seq);
+            }
+        }
+        if (rc == FARCTX_OK) {
+            rc = check_tokens(s, tokens[i], n_tokens[i]);
+        }
+        if (rc == FARCTX_OK && n_tokens[i] > 0) {
+            rc = check_space(s, n_tokens[i]);
+        }
+    }
+    if (rc != FARCTX_OK) {
+        if (failed != NULL) {
+            *failed = bad;
+        }
+        return rc;
+    }
+
+    const int32_t n_vocab  = llama_vocab_n_tokens(llama_model_get_vocab(sessions[0]->model));
+    const int32_t n_ubatch = (int32_t) llama_n_ubatch(ctx);
+    int32_t * done   = calloc((size_t) n_sessions, sizeof(int32_t));
+    int32_t * chunk  = calloc((size_t) n_sessions, sizeof(int32_t));
+    struct farctx_session ** members = calloc((size_t) n_sessions, sizeof(*members));
+    int32_t * member_of = calloc((size_t) n_sessions, sizeof(int32_t));
+    struct llama_attn_extrap_params * params = calloc((size_t) n_sessions, sizeof(*params));
+    struct llama_batch batch = llama_batch_init(n_ubatch, 0, 1);
+    if (done == NULL || chunk == NULL || members == NULL || member_of == NULL || params == NULL) {
+        rc = farctx_session_fail(sessions[0], FARCTX_ERR_PARAM, "out of memory");
+        bad = 0;
+        goto out;
+    }
+    struct llama_attn_extrap_params own = llama_get_attn_extrap(ctx);  /* a session's own settings */
+    for (int32_t i = 0; i < n_sessions; ++i) {
+        if (n_tokens[i] > 0 && sessions[i]->ops->begin_feed != NULL) {
+            sessions[i]->ops->begin_feed(sessions[i], n_tokens[i]);
+        }
+    }
+
+    /* each round decodes one group: the first stream with tokens left and every other whose next chunk has the
+     * same length and graph settings (llama.cpp splits a batch of several sequences into equal runs per
+     * sequence), at most n_ubatch tokens in all (a fixed cache evicts between calls) */
+    for (;;) {
+        int32_t lead = -1;
+        for (int32_t i = 0; i < n_sessions; ++i) {
+            if (done[i] < n_tokens[i]) {
+                chunk[i]  = chunk_tokens(sessions[i], n_tokens[i] - done[i], n_ubatch);
+                params[i] = chunk_params(sessions[i], chunk[i]);
+                lead = lead < 0 ? i : lead;
+            }
+        }
+        if (lead < 0) {
+            break;
+        }
+        const int32_t n = chunk[lead];
+        int32_t n_members = 0;
+        for (int32_t i = lead; i < n_sessions && (n_members + 1)*n <= n_ubatch; ++i) {
+            if (done[i] < n_tokens[i] && chunk[i] == n && llama_attn_extrap_same_graph(&params[i], &params[lead])) {
+                member_of[n_members] = i;
+                members[n_members++] = sessions[i];
+            }
+        }
+
+        batch.n_tokens = 0;
+        for (int32_t g = 0; g < n_members && rc == FARCTX_OK; ++g) {
+            struct farctx_session * s = members[g];
+            const int32_t i = member_of[g];
+            for (int32_t t = 0; t < n; ++t) {
+                const int32_t b = batch.n_tokens++;
+                batch.token[b]     = tokens[i][done[i] + t];
+                batch.pos[b]       = (llama_pos) (s->n_past + t);
+                batch.n_seq_id[b]  = 1;
+                batch.seq_id[b][0] = s->seq;
+                batch.logits[b]    = done[i] + t == n_tokens[i] - 1;
+            }
+            rc = begin_chunk(s);
+            bad = i;
+        }
+        struct farctx_group group = { members, n_members };
+        struct llama_attn_extrap_params ex = params[lead];
+        own = params[lead];
+        if (n_members > 1 && ex.mode != LLAMA_ATTN_EXTRAP_NONE) {
+            ex.fill      = group_fill;
+            ex.user_data = &group;
+        }
+        if (rc == FARCTX_OK) {
+            bad = lead;
+            rc = use_params(sessions[lead], &ex);
+        }
+        if (rc != FARCTX_OK) {
+            break;
+        }
+
+        for (int32_t g = 0; g < n_members; ++g) {
+            members[g]->fill_error = false;
+        }
+        const int32_t ret = llama_decode(ctx, batch);
+        bool fill_error = false;
+        for (int32_t g = 0; g < n_members; ++g) {
+            members[g]->n_decode++;
+            if (members[g]->fill_error) {
+                fill_error = true;
+                bad = member_of[g];
+            }
+        }
+        if (ret != 0 || fill_error) {
+            /* nothing of this decode stays in any of its streams; the one at fault has the message */
+            for (int32_t g = 0; g < n_members; ++g) {
+                const int32_t code = chunk_failed(members[g], ret);
+                if (member_of[g] == bad || (!fill_error && g == 0)) {
+                    rc = code;
+                    bad = member_of[g];
+                }
+            }
+            break;
+        }
+
+        for (int32_t g = 0, b = 0; g < n_members; ++g, b += n) {
+            const int32_t i = member_of[g];
+            if (logits != NULL && done[i] + n == n_tokens[i]) {
+                memcpy(logits + (size_t) i * n_vocab, llama_get_logits_ith(ctx, b + n - 1), sizeof(float) * (size_t) n_vocab);
+            }
+            members[g]->n_past += n;
+            done[i] += n;
+        }
+    }
+
+out:
+    {
+        /* the context must not keep a callback into this call's stack: the last group's lead's own (the same
+         * graph, so the next feed does not reserve again) */
+        const struct llama_attn_extrap_params cur = llama_get_attn_extrap(ctx);
+        if (cur.fill == group_fill) {
+            llama_set_attn_extrap(ctx, &own);
+        }
+    }
+    if (rc != FARCTX_OK && failed != NULL) {
+        *failed = bad;
+    }
+    llama_batch_free(batch);
+    free(done);
+    free(chunk);
+    free(members);
+    free(member_of);
+    free(params);
+    return rc;
+}
+
 int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
     if (s == NULL) {
         return FARCTX_ERR_PARAM;
@@ -301,7 +529,7 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
      * a query at n_keep reads there, (n_keep - n_swa, n_keep), must still be in it */
     const int32_t n_swa = llama_model_n_swa(s->model);
     if (n_swa > 0 && n_keep < s->n_past && n_keep > 0) {
-        const llama_pos pos_min = llama_memory_seq_pos_min(llama_get_memory(s->ctx), 0);
+        const llama_pos pos_min = llama_memory_seq_pos_min(llama_get_memory(s->ctx), s->seq);
         const int64_t   first   = n_keep - n_swa + 1 > 0 ? n_keep - n_swa + 1 : 0;
         if (pos_min > first) {
             return farctx_session_fail(s, FARCTX_ERR_REPLAY,
@@ -315,7 +543,7 @@ int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
             return rc;
         }
     }
-    llama_memory_seq_rm(llama_get_memory(s->ctx), 0, (llama_pos) n_keep, -1);
+    llama_memory_seq_rm(llama_get_memory(s->ctx), s->seq, (llama_pos) n_keep, -1);
     s->n_past = n_keep;
     if (n_keep <= head) {
         s->evicted_to = 0;  /* only head tokens remain: nothing of the stream is missing */
@@ -330,8 +558,9 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
     }
     llama_memory_t mem = llama_get_memory(s->ctx);
     stats->n_past       = s->n_past;
-    stats->n_ctx        = (int32_t) llama_n_ctx(s->ctx);
-    stats->n_cells_used = llama_memory_n_cells_used(mem);
+    stats->n_ctx        = (int32_t) llama_n_ctx_seq(s->ctx);
+    stats->n_cells_used = llama_n_seq_max(s->ctx) > 1 ? llama_memory_seq_n_cells_used(mem, s->seq)
+                                                      : llama_memory_n_cells_used(mem);
     stats->n_ctx_train  = s->params.n_ctx_train;
     stats->n_decode     = s->n_decode;
     stats->kv_bytes     = llama_memory_n_bytes(mem);

@@ -167,13 +167,24 @@ FARCTX_API bool farctx_mesa_schedule(const struct farctx_params * params, int64_
 /* progress of a long feed: return false to cancel (the tokens fed so far stay in the cache) */
 typedef bool (*farctx_progress_cb)(void * user_data, int64_t n_done, int64_t n_total);
 
-/* a token stream through one sequence (seq 0) of a llama_context, under one method */
+/* a token stream through one sequence of a llama_context, under one method */
 struct farctx_session;
 
 /* NULL on error, with the message in err */
 FARCTX_API struct farctx_session * farctx_session_init(
         struct llama_context * ctx,
         const struct farctx_params * params,
+        char * err, size_t err_size);
+
+/*
+ * A stream through sequence seq_id of a context that holds several (n_seq_max > 1, kv_unified = false: one KV
+ * stream of n_ctx / n_seq_max cells per sequence); farctx_session_init is this with seq_id 0. Each session has
+ * its own method and state; feed them one by one (farctx_session_feed) or together (farctx_sessions_feed).
+ */
+FARCTX_API struct farctx_session * farctx_session_init_seq(
+        struct llama_context * ctx,
+        const struct farctx_params * params,
+        int32_t seq_id,
         char * err, size_t err_size);
 
 FARCTX_API void farctx_session_free(struct farctx_session * session);
@@ -191,6 +202,20 @@ FARCTX_API int32_t farctx_session_feed(
         bool all_logits, float * logits,
         farctx_progress_cb progress, void * progress_data);
 
+/*
+ * Feed several sessions of one context together: n_tokens[i] tokens (tokens[i]) after session i's stream (0: none).
+ * Sessions whose next chunks have the same length and graph settings share a llama_decode (one row per
+ * sequence: decoding N streams costs about one weight pass, not N). logits: NULL, or room for n_sessions * n_vocab
+ * floats; row i receives the logits of session i's last token (left alone where n_tokens[i] is 0). On an error
+ * no session keeps the tokens of the failing llama_decode; tokens decoded before it stay (farctx_session_stats'
+ * n_past tells each session's), *failed (may be NULL) is the index of the session at fault and
+ * farctx_session_error(sessions[*failed]) the message.
+ */
+FARCTX_API int32_t farctx_sessions_feed(
+        struct farctx_session ** sessions, int32_t n_sessions,
+        const int32_t * const * tokens, const int32_t * n_tokens,
+        float * logits, int32_t * failed);
+
 /* forget the stream from token n_keep on (0 <= n_keep <= n_past) */
 FARCTX_API int32_t farctx_session_rewind(struct farctx_session * session, int64_t n_keep);
 
@@ -199,11 +224,11 @@ FARCTX_API const char * farctx_session_error(const struct farctx_session * sessi
 
 struct farctx_stats {
     int64_t n_past;            /* tokens in the stream so far                            */
-    int32_t n_ctx;             /* cells in the KV cache                                  */
-    int32_t n_cells_used;      /* cells holding a token                                  */
+    int32_t n_ctx;             /* cells in the KV cache (of the stream's sequence)          */
+    int32_t n_cells_used;      /* cells holding a token (of the stream's sequence)         */
     int32_t n_ctx_train;       /* trained context in force                               */
     int32_t n_decode;          /* llama_decode calls so far                              */
-    int64_t kv_bytes;          /* size of the KV cache buffers                           */
+    int64_t kv_bytes;          /* size of the KV cache buffers (every sequence's)         */
     int32_t n_stair_moves;     /* mesa: times the stair boundary moved during generation */
     int32_t n_cache_rotations; /* mesa: times the cached keys were rotated in place (to
                                   the stair in the last chunk or the first generated token,

@@ -1,0 +1,238 @@
+"""`farctx.SequenceBatch`: several token streams through one model, each under its own method, fed together.
+
+One llama_context holds `n_seq` sequences, one KV stream of `n_ctx_seq` cells each (llama.cpp's
+`n_seq_max` with `kv_unified = false`); each stream is a libfarctx session with its own method and
+state (positions, eviction, Mesa's chunks and stair). `step` feeds every stream that has tokens in
+shared llama_decode calls: N streams decoding together cost about one pass over the weights, which is
+what a server with parallel slots needs (continuous batching).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ._log import LlamaLog
+from ._native import native
+from .errors import FarctxError, NoSpaceError
+from .methods import MethodParams
+from .models import check_gguf, resolve_model_path
+
+_N = native()
+_ffi, _lib = _N.ffi, _N.lib
+_LOG = LlamaLog(_N.llama_cpp)
+
+
+def _message(buf: Any) -> str:
+    return _ffi.string(buf).decode("utf-8", errors="replace")
+
+
+class SequenceBatch:
+    """Up to `n_seq` streams of one model (`model_path=None`: the bundled default), `n_ctx_seq` KV cells each.
+
+    Keyword arguments are llama.cpp's, named as in `farctx.Llama` (`n_batch`, `n_ubatch`, `n_threads`,
+    `n_threads_batch`, `flash_attn`, `type_k`, `type_v`, `n_gpu_layers`, `offload_kqv`, `use_mmap`,
+    `verbose`). A stream is opened with a method and its parameters (`open`), then fed with `step`.
+    """
+
+    _CONTEXT_KEYS = ("n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "type_k", "type_v",
+                     "offload_kqv", "swa_full")
+    _MODEL_KEYS = ("n_gpu_layers", "use_mmap", "verbose")
+
+    def __init__(self, model_path: Optional[str] = None, *, n_seq: int, n_ctx_seq: int, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - set(self._CONTEXT_KEYS) - set(self._MODEL_KEYS))
+        if unknown:
+            raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+        if n_seq < 1 or n_ctx_seq < 1:
+            raise FarctxError(f"n_seq ({n_seq}) and n_ctx_seq ({n_ctx_seq}) must be at least 1")
+        if kwargs.get("type_v") not in (None, 0, 1, 30) and not kwargs.get("flash_attn"):
+            raise FarctxError("a quantized V cache (-ctv) needs flash attention (-fa on)")
+        llama_cpp = _N.llama_cpp
+        path = resolve_model_path(model_path)
+        check_gguf(path)
+        self.model_path = str(path)
+        self._sessions: list[Any] = [None] * n_seq
+        self._tokens: list[list[int]] = [[] for _ in range(n_seq)]
+        self._methods: list[Optional[MethodParams]] = [None] * n_seq
+
+        verbose = bool(kwargs.get("verbose", False))
+        _LOG.clear()
+        _LOG.verbose = verbose
+        mparams = llama_cpp.llama_model_default_params()
+        n_gpu_layers = int(kwargs.get("n_gpu_layers", 0))
+        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers == -1 else n_gpu_layers
+        mparams.use_mmap = bool(kwargs.get("use_mmap", True))
+        self._model = llama_cpp.llama_model_load_from_file(self.model_path.encode(), mparams)
+        if not self._model:
+            raise FarctxError(f"llama.cpp could not load {self.model_path}: {_LOG.reason() or 'see the log'}")
+
+        n_batch = int(kwargs.get("n_batch", 512))
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_seq * n_ctx_seq
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = False  # one KV stream per sequence: the attention methods fill a mask per stream
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(int(kwargs.get("n_ubatch", 512)), n_batch)
+        threads = kwargs.get("n_threads")
+        if threads:
+            cparams.n_threads = int(threads)
+            cparams.n_threads_batch = int(kwargs.get("n_threads_batch") or threads)
+        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if kwargs.get("flash_attn")
+                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        for key in ("type_k", "type_v"):
+            if kwargs.get(key) is not None:
+                setattr(cparams, key, int(kwargs[key]))
+        cparams.offload_kqv = bool(kwargs.get("offload_kqv", True))
+        cparams.swa_full = bool(kwargs.get("swa_full", False))
+        cparams.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+            raise FarctxError(f"llama.cpp could not create a context for {self.model_path}: "
+                              f"{_LOG.reason() or 'see the log'}")
+        self._cctx = _N.llama_context_ptr(self._ctx)
+        self.n_seq = n_seq
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # rounded up to 256 cells by llama.cpp
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
+
+    # -- streams -------------------------------------------------------------------------------
+
+    def _session(self, seq: int) -> Any:
+        if not 0 <= seq < self.n_seq:
+            raise FarctxError(f"sequence {seq} is not in the batch (0 .. {self.n_seq - 1})")
+        session = self._sessions[seq]
+        if session is None:
+            raise FarctxError(f"sequence {seq} is not open")
+        return session
+
+    def open(self, seq: int, method: str = "vanilla", **params: int) -> None:
+        """(Re)start stream `seq` empty, under `method` and its parameters (farctx.Llama's names)."""
+        if not 0 <= seq < self.n_seq:
+            raise FarctxError(f"sequence {seq} is not in the batch (0 .. {self.n_seq - 1})")
+        chosen = MethodParams.from_kwargs(method, params)
+        self.release(seq)
+        err = _ffi.new("char[]", 512)
+        session = _lib.farctx_session_init_seq(self._cctx, chosen.to_c(_ffi, _lib), seq, err, 512)
+        if session == _ffi.NULL:
+            raise FarctxError(_message(err))
+        self._sessions[seq] = _ffi.gc(session, _lib.farctx_session_free)
+        self._methods[seq] = MethodParams.from_c(_lib.farctx_session_params(session), _ffi, _lib)
+        self._tokens[seq] = []
+
+    def release(self, seq: int) -> None:
+        """Close stream `seq` and free its cells (a no-op for a stream that is not open)."""
+        session = self._sessions[seq]
+        if session is not None:
+            self._sessions[seq] = None
+            _ffi.release(session)
+            mem = _N.llama_cpp.llama_get_memory(self._ctx)
+            _N.llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
+        self._tokens[seq] = []
+        self._methods[seq] = None
+
+    def method(self, seq: int) -> MethodParams:
+        """The method and parameters in force for stream `seq` (defaults resolved)."""
+        self._session(seq)
+        method = self._methods[seq]
+        assert method is not None
+        return method
+
+    def n_past(self, seq: int) -> int:
+        self._session(seq)
+        return len(self._tokens[seq])
+
+    def tokens(self, seq: int) -> list[int]:
+        """The tokens of stream `seq` so far."""
+        self._session(seq)
+        return list(self._tokens[seq])
+
+    def rewind(self, seq: int, n_keep: int) -> None:
+        """Keep the first `n_keep` tokens of stream `seq` (fed again from the start where the method cannot cut
+        its cache there)."""
+        session = self._session(seq)
+        rc = _lib.farctx_session_rewind(session, n_keep)
+        if rc == _lib.FARCTX_ERR_REPLAY:
+            kept = self._tokens[seq][:n_keep]
+            self._check(session, _lib.farctx_session_rewind(session, 0))
+            self._tokens[seq] = []
+            if kept:
+                self.step({seq: kept})
+            return
+        self._check(session, rc)
+        del self._tokens[seq][n_keep:]
+
+    def step(self, feeds: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """Append tokens to several streams at once; returns each fed stream's last-token logits.
+
+        A stream that cannot take its tokens (`NoSpaceError`, `FarctxError`) keeps what it had; the
+        other streams keep what was decoded before the failure (their `n_past` says how much).
+        """
+        order = [seq for seq, toks in feeds.items() if len(toks) > 0]
+        if not order:
+            return {}
+        sessions = [self._session(seq) for seq in order]
+        arrays = [np.ascontiguousarray(np.asarray(feeds[seq], dtype=np.int32)) for seq in order]
+        ptrs = _ffi.new("int32_t *[]", [_ffi.from_buffer("int32_t[]", a) for a in arrays])
+        counts = _ffi.new("int32_t[]", [len(a) for a in arrays])
+        out = np.empty((len(order), self.n_vocab), dtype=np.single)
+        failed = _ffi.new("int32_t *")
+        c_sessions = _ffi.new("struct farctx_session *[]", sessions)
+        before = [self._past(s) for s in sessions]
+        rc = _lib.farctx_sessions_feed(c_sessions, len(order), _ffi.cast("const int32_t * const *", ptrs), counts,
+                                       _ffi.from_buffer("float[]", out), failed)
+        for seq, session, arr, n0 in zip(order, sessions, arrays, before):
+            n_fed = self._past(session) - n0
+            self._tokens[seq].extend(int(t) for t in arr[:n_fed])
+        if rc != _lib.FARCTX_OK:
+            at = failed[0] if 0 <= failed[0] < len(order) else 0
+            message = _message(_lib.farctx_session_error(sessions[at]))
+            error = NoSpaceError if rc == _lib.FARCTX_ERR_NO_SPACE else FarctxError
+            raise error(f"sequence {order[at]}: {message}")
+        return {seq: out[i] for i, seq in enumerate(order)}
+
+    @staticmethod
+    def _past(session: Any) -> int:
+        s = _ffi.new("struct farctx_stats *")
+        _lib.farctx_session_stats(session, s)
+        return int(s.n_past)
+
+    def stats(self, seq: int) -> dict[str, int]:
+        """farctx.Llama.stats() of stream `seq`: its tokens, its cells in use and size, the cache's bytes."""
+        s = _ffi.new("struct farctx_stats *")
+        _lib.farctx_session_stats(self._session(seq), s)
+        return {name: int(getattr(s, name)) for name in
+                ("n_past", "n_ctx", "n_cells_used", "n_ctx_train", "n_decode", "kv_bytes", "n_stair_moves",
+                 "n_cache_rotations")}
+
+    @staticmethod
+    def _check(session: Any, rc: int) -> None:
+        if rc != _lib.FARCTX_OK:
+            raise FarctxError(_message(_lib.farctx_session_error(session)))
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for seq in range(len(self._sessions)):
+            if self._sessions[seq] is not None:
+                _ffi.release(self._sessions[seq])
+                self._sessions[seq] = None
+        if getattr(self, "_ctx", None):
+            _N.llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            _N.llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "SequenceBatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
