@@ -45,7 +45,7 @@ def rpc_option() -> Decorator:
 
 
 def runtime_options() -> Decorator:
-    """-c -b -ub -t -ngl -fa -ctk -ctv --rpc: how llama.cpp runs the model."""
+    """-c -b -ub -t -ngl -fa -ctk -ctv -ts --rpc: how llama.cpp runs the model."""
     return _stack(
         click.option("-c", "--ctx-size", "n_ctx", type=int, default=0, show_default=True,
                      help="KV cache size in tokens (0: the model's trained context)"),
@@ -62,6 +62,9 @@ def runtime_options() -> Decorator:
                      show_default=True, help="KV cache type for K"),
         click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(sorted(KV_TYPES)), default="f16",
                      show_default=True, help="KV cache type for V"),
+        click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="N0,N1,...",
+                     help="proportions of the offloaded layers per device, in llama.cpp's order: the --rpc servers, "
+                          "then the local GPUs (default: by free memory)"),
         rpc_option(),
     )
 
@@ -115,6 +118,12 @@ def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
         "type_k": KV_TYPES[opts.pop("cache_type_k")],
         "type_v": KV_TYPES[opts.pop("cache_type_v")],
     }
+    split = opts.pop("tensor_split")
+    if split:
+        try:
+            kwargs["tensor_split"] = [float(x) for x in split.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"'{split}' is not a comma-separated list of numbers", param_hint="-ts") from None
     rpc_servers = opts.pop("rpc")
     if rpc_servers:
         kwargs["rpc_servers"] = rpc_servers

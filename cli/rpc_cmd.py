@@ -14,7 +14,8 @@ import click
 
 @click.command(name="rpc-server")
 @click.option("-H", "--host", default="127.0.0.1", show_default=True,
-              help="address to listen on (IPv4 or a host name; loopback by default: the protocol has no authentication)")
+              help="address to listen on (IPv4 or a host name; loopback by default: the protocol has no "
+                   "authentication)")
 @click.option("-p", "--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="port to listen on")
 @click.option("-d", "--device", "devices", default=None, metavar="DEV1,DEV2",
               help="devices to offer, by ggml name (CPU, CUDA0, Vulkan0, ...; `farctx info` lists them) "
@@ -22,8 +23,9 @@ import click
 @click.option("-t", "--threads", "n_threads", type=click.IntRange(1), default=None,
               help="threads for the CPU device [default: half the cores]")
 @click.option("-c", "--cache", is_flag=True,
-              help="keep the tensors clients send in a local file cache ($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc): "
-                   "a client loading the same model again sends their hashes only")
+              help="keep the tensors clients send in a local file cache ($LLAMA_CACHE/rpc, else "
+                   "~/.cache/llama.cpp/rpc): a client loading the same model again sends only the hashes of "
+                   "tensors of 10 MiB or more")
 def rpc_server(host: str, port: int, devices: Optional[str], n_threads: Optional[int], cache: bool) -> None:
     """Lend this machine's devices to `--rpc` runs (llama.cpp's RPC server; runs until stopped).
 

@@ -225,9 +225,10 @@ def fake_server(answer: bytes | None):
 
 
 def test_protocol_version_mismatch_is_an_error(tiny_model):
-    hello = struct.pack("<Q", 4 + rpc.CONN_CAPS_SIZE) + bytes([rpc.PROTO_MAJOR - 1, 0, 0, 0]) + bytes(rpc.CONN_CAPS_SIZE)
+    old = rpc.PROTO_MAJOR - 1
+    hello = struct.pack("<Q", 4 + rpc.CONN_CAPS_SIZE) + bytes([old, 0, 0, 0]) + bytes(rpc.CONN_CAPS_SIZE)
     with fake_server(hello) as endpoint:
-        with pytest.raises(farctx.FarctxError, match=rf"{re.escape(endpoint)} speaks ggml RPC protocol {rpc.PROTO_MAJOR - 1}\.0\.0"):
+        with pytest.raises(farctx.FarctxError, match=rf"{re.escape(endpoint)} speaks ggml RPC protocol {old}\.0\.0"):
             farctx.Llama(str(tiny_model), rpc_servers=[endpoint], n_gpu_layers=-1)
 
 
