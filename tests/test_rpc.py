@@ -144,10 +144,15 @@ def check_placement(log: str, endpoints: list[str]) -> None:
             assert set(where) <= set(want[1:]), splits
 
 
-@pytest.fixture(scope="module")
-def references(oracle):
-    refs = {}
-    for method, (n, n_prefill, seed, params) in CASES.items():
+class References(dict):
+    """method -> (tokens, oracle logits), computed when a test first asks (a -k selection pays for its own)."""
+
+    def __init__(self, oracle) -> None:
+        super().__init__()
+        self.oracle = oracle
+
+    def __missing__(self, method: str):
+        n, n_prefill, seed, params = CASES[method]
         tokens = random_tokens(n, seed=seed)
         if method == "vanilla":
             rule = None
@@ -157,8 +162,13 @@ def references(oracle):
             rule = selfextend_rule(n, **params)
         else:
             rule = methods_rule(method, n)
-        refs[method] = tokens, oracle.logits(tokens, rule)
-    return refs
+        self[method] = tokens, self.oracle.logits(tokens, rule)
+        return self[method]
+
+
+@pytest.fixture(scope="module")
+def references(oracle):
+    return References(oracle)
 
 
 @pytest.mark.parametrize("fa", [False, True], ids=["faoff", "faon"])
@@ -178,6 +188,21 @@ def test_method_matches_oracle_through_rpc(tiny_model, references, servers, monk
     assert [endpoint for _, endpoint in devices] == servers
     for layer, (name, _) in enumerate(devices):
         assert f"layer   {layer} assigned to device {name}," in log.getvalue()
+
+
+def test_two_engines_on_the_same_servers(tiny_model, servers):
+    """A second engine while the first holds its connections (a server serves one client at a time: ggml
+    shares the process's connection, and farctx does not check a server this process is connected to)."""
+    first = farctx.Llama(str(tiny_model), rpc_servers=servers, n_gpu_layers=-1, n_ctx=64)
+    started = time.monotonic()
+    second = farctx.Llama(str(tiny_model), rpc_servers=servers, n_gpu_layers=-1, n_ctx=64)
+    assert time.monotonic() - started < rpc.CONNECT_TIMEOUT
+    try:
+        texts = [llm("Hello", max_tokens=4, temperature=0)["choices"][0]["text"] for llm in (first, second)]
+        assert texts[0] == texts[1]
+    finally:
+        first.close()
+        second.close()
 
 
 def test_layers_stay_local_without_rpc_servers(tiny_model, servers, monkeypatch):
