@@ -11,7 +11,7 @@ from typing import Any, Optional
 import click
 
 from .eval_cmd import parse_lengths, parse_methods
-from .options import KV_TYPES, method_options
+from .options import KV_TYPES, method_options, rpc_option
 
 
 def machine() -> str:
@@ -38,12 +38,13 @@ def machine() -> str:
 @click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off"]), default="off")
 @click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(sorted(KV_TYPES)), default="f16")
 @click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512)
+@rpc_option()
 @click.option("--json", "json_path", default=None, metavar="FILE")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png")
 @method_options(with_method=False)
 def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: int, stock_max: int,
           n_threads: Optional[int], n_gpu_layers: str, flash_attn: str, cache_type_k: str, n_ubatch: int,
-          json_path: Optional[str], plot_path: Optional[str], **method_opts: Any) -> None:
+          rpc: Optional[str], json_path: Optional[str], plot_path: Optional[str], **method_opts: Any) -> None:
     """Prefill and decode tokens/s, KV bytes and RSS per method and length, as ratios to stock."""
     import farctx
     from farctx.bench import bench as run_bench
@@ -60,6 +61,8 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
     }
     if n_threads:
         kwargs.update(n_threads=n_threads, n_threads_batch=n_threads)
+    if rpc:  # stock llama.cpp too, on the same servers
+        kwargs["rpc_servers"] = rpc
 
     def show(who: str, length: int, rep: int, s: dict[str, Any]) -> None:
         click.echo(f"farctx bench: rep {rep + 1}/{reps} {who:<12} {length:>7}: prefill {s['prefill_tps']:.1f} tok/s, "

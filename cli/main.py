@@ -203,12 +203,14 @@ def info(model: str | None, as_json: bool) -> None:
 from .bench_cmd import bench  # noqa: E402
 from .eval_cmd import eval_group  # noqa: E402
 from .chat_cmd import chat  # noqa: E402
+from .rpc_cmd import rpc_server  # noqa: E402
 from .serve_cmd import serve  # noqa: E402
 
 main.add_command(eval_group)
 main.add_command(bench)
 main.add_command(serve)
 main.add_command(chat)
+main.add_command(rpc_server)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,26 @@ def model_option() -> Decorator:
                         help="GGUF model path (default: the bundled SmolLM2-135M-Instruct)")
 
 
+def _check_rpc(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from farctx.errors import FarctxError
+    from farctx.rpc import parse_servers
+
+    if value is None:
+        return None
+    try:
+        return ",".join(parse_servers(value))
+    except FarctxError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def rpc_option() -> Decorator:
+    return click.option("--rpc", "rpc", default=None, metavar="SERVERS", callback=_check_rpc,
+                        help="comma-separated HOST:PORT of ggml RPC servers (`farctx rpc-server`): the offloaded "
+                             "layers (-ngl) go to them, then to the local GPUs")
+
+
 def runtime_options() -> Decorator:
-    """-c -b -ub -t -ngl -fa -ctk -ctv: how llama.cpp runs the model."""
+    """-c -b -ub -t -ngl -fa -ctk -ctv -ts --rpc: how llama.cpp runs the model."""
     return _stack(
         click.option("-c", "--ctx-size", "n_ctx", type=int, default=0, show_default=True,
                      help="KV cache size in tokens (0: the model's trained context)"),
@@ -44,6 +62,10 @@ def runtime_options() -> Decorator:
                      show_default=True, help="KV cache type for K"),
         click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(sorted(KV_TYPES)), default="f16",
                      show_default=True, help="KV cache type for V"),
+        click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="N0,N1,...",
+                     help="proportions of the offloaded layers per device, in llama.cpp's order: the --rpc servers, "
+                          "then the local GPUs (default: by free memory)"),
+        rpc_option(),
     )
 
 
@@ -96,6 +118,18 @@ def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
         "type_k": KV_TYPES[opts.pop("cache_type_k")],
         "type_v": KV_TYPES[opts.pop("cache_type_v")],
     }
+    split = opts.pop("tensor_split")
+    if split:
+        try:
+            kwargs["tensor_split"] = [float(x) for x in split.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"'{split}' is not a comma-separated list of numbers", param_hint="-ts") from None
+    rpc_servers = opts.pop("rpc")
+    if rpc_servers:
+        kwargs["rpc_servers"] = rpc_servers
+        if n_gpu_layers == 0:
+            click.echo("farctx: warning: --rpc with -ngl 0 puts no layer on the RPC servers (-ngl all: every layer)",
+                       err=True)
     threads = opts.pop("n_threads")
     if threads is not None:
         kwargs["n_threads"] = threads

@@ -1,7 +1,7 @@
 """Where the native libraries are, and pointing llama-cpp-python at ours.
 
-The build installs libfarctx, the patched libllama/libggml* and farctx.h (the cffi declarations,
-kept beside the library they describe) into the package's `lib/` folder; they are found relative
+The build installs libfarctx, the patched libllama/libggml*, farctx.h (the cffi declarations,
+kept beside the library they describe) and llama.cpp's RPC server (ggml-rpc-server) into the package's `lib/` folder; they are found relative
 to the package, never through a source tree. FARCTX_LIB_DIR overrides the folder (a developer's
 build/cmake-cuda/bin, say). Importing this module does nothing; `point_llama_cpp_at_our_build`
 sets LLAMA_CPP_LIB_PATH (unless the user set it) so that `llama_cpp` loads our libllama.
@@ -48,6 +48,14 @@ def lib_dir() -> Path:
 
 def farctx_lib_path() -> Path:
     return lib_dir() / _lib_file()
+
+
+def rpc_server_path() -> Path:
+    """llama.cpp's RPC server (ggml-rpc-server), built from the pinned source beside the libraries it loads."""
+    path = lib_dir() / ("ggml-rpc-server.exe" if sys.platform == "win32" else "ggml-rpc-server")
+    if not path.exists():
+        raise FarctxError(f"{path} is missing: this build has no RPC backend (build it with CMAKE_ARGS=-DGGML_RPC=on)")
+    return path
 
 
 def header_path() -> Path:

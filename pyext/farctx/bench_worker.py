@@ -40,6 +40,28 @@ def open_farctx(model: str, method: str, length: int, n_gen: int, kwargs: dict):
     return farctx.Llama(model, method=method, **kwargs)
 
 
+def open_stock(model: str, kwargs: dict):
+    """llama-cpp-python's Llama on the stock library; with rpc_servers, its layers on those servers as
+    farctx.Llama puts them (the stock library's own RPC backend)."""
+    import llama_cpp
+
+    servers = kwargs.pop("rpc_servers", None)
+    if not servers:
+        return llama_cpp.Llama(model_path=model, **kwargs)
+    import ctypes
+    import os
+
+    from farctx import rpc
+
+    ggml = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml.so"))
+
+    class StockOnRpc(llama_cpp.Llama):
+        model_params = rpc.model_params_property()
+        _model_devices = rpc.model_devices(rpc.parse_servers(servers), ggml)
+
+    return StockOnRpc(model_path=model, **kwargs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -53,10 +75,8 @@ def main() -> None:
     kwargs.setdefault("verbose", False)
 
     if args.stock:
-        import llama_cpp
-
         kwargs["n_ctx"] = args.length + args.n_gen
-        llm = llama_cpp.Llama(model_path=args.model, **kwargs)
+        llm = open_stock(args.model, kwargs)
     else:
         llm = open_farctx(args.model, args.method, args.length, args.n_gen, kwargs)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._log import LlamaLog
 from ._native import native
+from . import rpc
 from .errors import FarctxError, NoSpaceError
 from .methods import MethodParams
 from .models import check_gguf, context_and_window, resolve_model_path
@@ -83,8 +84,15 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
 
     `model_path=None` loads the bundled default model. `method` is one of farctx.METHODS;
     the method's parameters (`farctx.MethodParams.names()`, from libfarctx's table) are keyword
-    arguments, and every other keyword argument is llama_cpp.Llama's.
+    arguments, and every other keyword argument is llama_cpp.Llama's. `rpc_servers`
+    ("HOST:PORT,HOST:PORT" or a list) puts the offloaded layers (`n_gpu_layers`) on those ggml RPC
+    servers (`farctx rpc-server`), then on the local GPUs; each server is checked first (FarctxError
+    naming it when it cannot be reached in `farctx.rpc.CONNECT_TIMEOUT` seconds or speaks another
+    protocol version).
     """
+
+    # llama_cpp.Llama.__init__ assigns the struct; the RPC devices (if any) go into it there
+    model_params = rpc.model_params_property()
 
     def __init__(
         self,
@@ -92,6 +100,7 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         *,
         method: str = "vanilla",
         progress: Optional[ProgressFn] = None,
+        rpc_servers: Optional[str | Sequence[str]] = None,
         **kwargs: Any,
     ) -> None:
         method_values = {name: kwargs.pop(name) for name in MethodParams.names() if name in kwargs}
@@ -107,6 +116,8 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         path = resolve_model_path(model_path)
         check_gguf(path)
         _check_kv_types(kwargs)
+        self.rpc_servers = rpc.parse_servers(rpc_servers)
+        self._model_devices = rpc.model_devices(self.rpc_servers) if self.rpc_servers else None
         fixed_cache = bool(_lib.farctx_method_fixed_cache(c_params.method))
         if fixed_cache:
             n_train, window = context_and_window(path)
@@ -137,6 +148,7 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         except ValueError as exc:
             reason = _LOG.reason() or str(exc)
             raise FarctxError(f"llama.cpp could not load {path}: {reason}") from None
+        rpc.hold(self, self.rpc_servers)
 
         ctx = _N.llama_context_ptr(self._ctx.ctx)
         session = _lib.farctx_session_init(ctx, c_params, err, 512)
@@ -269,3 +281,4 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self._session = None  # freed before the context it points into
         if hasattr(self, "_stack"):  # absent when __init__ failed before llama_cpp's own
             super().close()
+        rpc.release(self)  # the model and its RPC connections are freed
