@@ -90,7 +90,8 @@ struct farctx_session {
     bool    fill_error;            /* the method refused a ubatch       */
     int64_t evicted_to;            /* positions [head, evicted_to) left the cache */
     struct llama_attn_extrap_params custom;  /* the method's graph settings                          */
-    struct llama_attn_extrap_params active;  /* what the context runs now (custom, NONE, per batch)  */
+    struct llama_attn_extrap_params active;  /* the settings of the llama_decode this stream is in (custom,
+                                                NONE, per batch): what its callback fills for */
     char    error[FARCTX_ERR_LEN];
 };
 

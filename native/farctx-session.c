@@ -453,6 +453,7 @@ int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessio
 
         for (int32_t g = 0; g < n_members; ++g) {
             members[g]->fill_error = false;
+            members[g]->active = params[member_of[g]];  /* the graph its callback fills for (kv_first) */
         }
         const int32_t ret = llama_decode(ctx, batch);
         bool fill_error = false;

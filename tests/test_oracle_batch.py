@@ -19,11 +19,17 @@ MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
 SELFEXTEND = dict(group=4, neighbor=8)
 N_DECODE = 12
 
-# two groups of four streams cover the eight methods; each stream: (method, prompt length, step it joins at)
+# groups of four streams: mixed methods, and pairs of one method; each stream: (method, prompt length, step it
+# joins at)
 GROUPS = {
     "lminf-mesa-streaming-vanilla": [("lminf", 90, 0), ("mesa", 100, 0), ("streaming", 70, 3), ("vanilla", 40, 5)],
     "window-lambda-rerope-selfextend": [("window", 80, 0), ("lambda-only", 60, 2), ("rerope", 75, 0),
                                         ("selfextend", 96, 4)],
+    # two streams of one method share each llama_decode (the same graph): each callback fills its own stream
+    "lminf2-streaming2": [("lminf", 90, 0), ("lminf", 50, 1), ("streaming", 70, 0), ("streaming", 45, 2)],
+    "mesa2-selfextend2": [("mesa", 100, 0), ("mesa", 70, 1), ("selfextend", 96, 0), ("selfextend", 64, 3)],
+    "window2-lambda2": [("window", 80, 0), ("window", 60, 2), ("lambda-only", 60, 0), ("lambda-only", 75, 1)],
+    "rerope2-vanilla2": [("rerope", 75, 0), ("rerope", 50, 2), ("vanilla", 40, 0), ("vanilla", 64, 3)],
 }
 KV = [(F32, F32, False), (F16, F16, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 

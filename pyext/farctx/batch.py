@@ -9,10 +9,12 @@ what a server with parallel slots needs (continuous batching).
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from . import rpc
 from ._log import LlamaLog
 from ._native import native
 from .errors import FarctxError, NoSpaceError
@@ -33,12 +35,13 @@ class SequenceBatch:
 
     Keyword arguments are llama.cpp's, named as in `farctx.Llama` (`n_batch`, `n_ubatch`, `n_threads`,
     `n_threads_batch`, `flash_attn`, `type_k`, `type_v`, `n_gpu_layers`, `offload_kqv`, `use_mmap`,
-    `verbose`). A stream is opened with a method and its parameters (`open`), then fed with `step`.
+    `verbose`, `rpc_servers`, `tensor_split`). A stream is opened with a method and its parameters (`open`), then fed with
+    `step`.
     """
 
     _CONTEXT_KEYS = ("n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "type_k", "type_v",
                      "offload_kqv", "swa_full")
-    _MODEL_KEYS = ("n_gpu_layers", "use_mmap", "verbose")
+    _MODEL_KEYS = ("n_gpu_layers", "use_mmap", "verbose", "rpc_servers", "tensor_split")
 
     def __init__(self, model_path: Optional[str] = None, *, n_seq: int, n_ctx_seq: int, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self._CONTEXT_KEYS) - set(self._MODEL_KEYS))
@@ -63,6 +66,14 @@ class SequenceBatch:
         n_gpu_layers = int(kwargs.get("n_gpu_layers", 0))
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers == -1 else n_gpu_layers
         mparams.use_mmap = bool(kwargs.get("use_mmap", True))
+        self.rpc_servers = rpc.parse_servers(kwargs.get("rpc_servers"))
+        self._model_devices = rpc.model_devices(self.rpc_servers) if self.rpc_servers else None
+        if self._model_devices is not None:
+            mparams.devices = ctypes.addressof(self._model_devices)
+        split = kwargs.get("tensor_split")
+        if split:
+            self._tensor_split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*split)
+            mparams.tensor_split = self._tensor_split
         self._model = llama_cpp.llama_model_load_from_file(self.model_path.encode(), mparams)
         if not self._model:
             raise FarctxError(f"llama.cpp could not load {self.model_path}: {_LOG.reason() or 'see the log'}")
@@ -92,6 +103,7 @@ class SequenceBatch:
             self._model = None
             raise FarctxError(f"llama.cpp could not create a context for {self.model_path}: "
                               f"{_LOG.reason() or 'see the log'}")
+        rpc.hold(self, self.rpc_servers)
         self._cctx = _N.llama_context_ptr(self._ctx)
         self.n_seq = n_seq
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # rounded up to 256 cells by llama.cpp
@@ -224,6 +236,7 @@ class SequenceBatch:
         if getattr(self, "_model", None):
             _N.llama_cpp.llama_model_free(self._model)
             self._model = None
+            rpc.release(self)  # the model and its RPC connections are freed
 
     def __enter__(self) -> "SequenceBatch":
         return self
