@@ -224,11 +224,11 @@ FARCTX_API const char * farctx_session_error(const struct farctx_session * sessi
 
 struct farctx_stats {
     int64_t n_past;            /* tokens in the stream so far                            */
-    int32_t n_ctx;             /* cells in the KV cache (of the stream's sequence)          */
-    int32_t n_cells_used;      /* cells holding a token (of the stream's sequence)         */
+    int32_t n_ctx;             /* cells in the KV cache (the stream's sequence's)        */
+    int32_t n_cells_used;      /* cells holding a token of the stream                    */
     int32_t n_ctx_train;       /* trained context in force                               */
     int32_t n_decode;          /* llama_decode calls so far                              */
-    int64_t kv_bytes;          /* size of the KV cache buffers (every sequence's)         */
+    int64_t kv_bytes;          /* size of the KV cache buffers (every sequence's)        */
     int32_t n_stair_moves;     /* mesa: times the stair boundary moved during generation */
     int32_t n_cache_rotations; /* mesa: times the cached keys were rotated in place (to
                                   the stair in the last chunk or the first generated token,
