@@ -178,7 +178,7 @@ def test_a_client_leaving_mid_stream_leaves_the_others_alone(server, client):
 
 def test_timeout_cancels_one_request_and_the_others_finish(tiny_model, tmp_path):
     port = _free_port()
-    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "-np", "2", "-to", "1.5",
+    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "-np", "3", "-to", "1.5",
             "--log-level", "warning"]
     with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}") as base:
         quick = {"prompt": "The river ran", "max_tokens": 4, "temperature": 0}

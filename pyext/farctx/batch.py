@@ -4,7 +4,8 @@ STAND-IN. This file is replaced, whole, by the native SequenceBatch (one llama_c
 n_seq_max = N, one KV stream per sequence, one llama_decode per step for all sequences), which
 keeps exactly this API. Here each sequence is its own `farctx.Llama` (the same model file, a cache
 of `n_ctx_seq` cells, the method of its last `open`), and `step` feeds them one after the other:
-correct, not batched.
+correct, not batched. Loading an engine is what a method switch costs here (the native batch switches
+in place), so each stream keeps its last few engines, one per method.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from .methods import MethodParams
 from .models import resolve_model_path
 
 _NOT_LLAMA_KWARGS = {"n_ctx", "method", "model_path", "progress"}
+_ENGINES_PER_STREAM = 3
+
+MethodKey = tuple[str, tuple[tuple[str, int], ...]]
 
 
 class SequenceBatch:
@@ -38,7 +42,8 @@ class SequenceBatch:
         self.n_ctx_seq = n_ctx_seq
         self._kwargs = dict(llama_kwargs)
         self._seqs: list[Optional[Llama]] = [None] * n_seq
-        self._opened: list[Optional[tuple[str, tuple[tuple[str, int], ...]]]] = [None] * n_seq
+        self._opened: list[Optional[MethodKey]] = [None] * n_seq
+        self._spare: list[dict[MethodKey, Llama]] = [{} for _ in range(n_seq)]  # engines kept for a switch back
         self.n_vocab = self._engine_for(0, "vanilla", {}).n_vocab()
 
     # -- streams ---------------------------------------------------------------------------------
@@ -89,6 +94,9 @@ class SequenceBatch:
         for i, llm in enumerate(self._seqs):
             if llm is not None:
                 llm.close()
+            for spare in self._spare[i].values():
+                spare.close()
+            self._spare[i].clear()
             self._seqs[i] = None
             self._opened[i] = None
 
@@ -101,11 +109,19 @@ class SequenceBatch:
             llm.n_tokens = 0
             return llm
         MethodParams.from_kwargs(method, dict(params))  # names and types, before anything is unloaded
-        if llm is not None:
-            llm.close()
+        spare = self._spare[seq]
+        if llm is not None and self._opened[seq] is not None:
+            spare[self._opened[seq]] = llm  # kept, most recent last
             self._seqs[seq] = None
             self._opened[seq] = None
-        llm = Llama(self.model_path, method=method, n_ctx=self.n_ctx_seq, **dict(key[1]), **self._kwargs)
+        kept = spare.pop(key, None)
+        while len(spare) >= _ENGINES_PER_STREAM:
+            spare.pop(next(iter(spare))).close()
+        if kept is not None:
+            kept.n_tokens = 0
+            llm = kept
+        else:
+            llm = Llama(self.model_path, method=method, n_ctx=self.n_ctx_seq, **dict(key[1]), **self._kwargs)
         self._seqs[seq] = llm
         self._opened[seq] = key
         return llm

@@ -53,6 +53,11 @@ class _RequestView:
     def set_seed(self, seed: int) -> None:
         self._seed = seed
 
+    def detokenize(self, tokens: list[int], prev_tokens: Optional[list[int]] = None, special: bool = False) -> bytes:
+        """llama_cpp.Llama.detokenize's bytes, from the server's cache of token pieces: llama_cpp's streaming
+        code detokenizes the whole answer again at every token, one ctypes call per token."""
+        return self._server.pieces.detokenize(tokens, special)
+
     def create_completion(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
         self.max_tokens = kwargs.get("max_tokens", args[1] if len(args) > 1 else 16)
         return self._llama_cpp().Llama.create_completion(self, prompt, *args, **kwargs)
@@ -85,6 +90,40 @@ class _RequestView:
         return native().llama_cpp
 
 
+class _Pieces:
+    """Each token's text (llama_token_to_piece), looked up once; detokenize as llama_cpp's LlamaModel does."""
+
+    def __init__(self, front: Any) -> None:
+        self._front = front
+        self._bos = front.token_bos()
+        self._cache: dict[tuple[int, bool], bytes] = {}
+
+    def piece(self, token: int, special: bool) -> bytes:
+        key = (token, special)
+        piece = self._cache.get(key)
+        if piece is None:
+            piece = self._cache[key] = _raw_piece(self._front, token, special)
+        return piece
+
+    def detokenize(self, tokens: list[int], special: bool) -> bytes:
+        output = b"".join([self.piece(int(t), special) for t in tokens])
+        if tokens and tokens[0] == self._bos and output[:1] == b" ":
+            return output[1:]
+        return output
+
+
+def _raw_piece(front: Any, token: int, special: bool) -> bytes:
+    """llama_token_to_piece's bytes for one token (no BOS rule)."""
+    import ctypes
+
+    from ._native import native
+
+    lc = native().llama_cpp
+    buffer = (ctypes.c_char * 32)()
+    n = lc.llama_token_to_piece(front._model.vocab, lc.llama_token(token), buffer, 32, 0, special)
+    return bytes(buffer[:max(0, n)])
+
+
 @dataclass
 class BatchedServer(Server):
     """Server with `n_parallel` slots, each a stream of one SequenceBatch with a cache of `ctx_max` cells (at
@@ -108,6 +147,7 @@ class BatchedServer(Server):
             params = MethodParams.from_kwargs(method["method"], {k: v for k, v in method.items() if k != "method"})
             n_ctx_seq = max(n_ctx_seq, cache_cells(params, self.slot.n_ctx_train, n_ubatch))
         self.front = lc.Llama(self.slot.path, vocab_only=True, verbose=False)
+        self.pieces = _Pieces(self.front)
         self.batch = SequenceBatch(self.slot.path, n_seq=self.n_parallel, n_ctx_seq=n_ctx_seq, **kwargs)
         params = {k: v for k, v in method.items() if k != "method"}
         for seq in range(self.n_parallel):  # the server's method in every slot: a bad model fails at startup

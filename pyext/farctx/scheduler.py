@@ -1,7 +1,8 @@
 """Continuous batching: requests share a `SequenceBatch`, one slot (stream) each, fed together step by step.
 
 One thread owns the batch. Each step it admits waiting requests into free slots (the slot whose stream
-shares the longest prefix with the prompt, rewound to it), drops cancelled and timed-out ones, gathers
+shares the longest prefix with the prompt, rewound to it; else one already under the request's method;
+else the least recently used), drops cancelled and timed-out ones, gathers
 for every busy slot either its next prompt piece or its last sampled token (at most `n_batch` tokens
 in all), calls `step` once, samples each fed slot from its own logits row and hands the tokens to
 the request's queue. A request that ends or fails frees its slot and leaves the other streams as
@@ -212,7 +213,8 @@ class Scheduler:
             if not free:
                 break
             request = self._waiting.popleft()
-            best = max(free, key=lambda i: (self._reusable(i, request), -self._slots[i].used))
+            best = max(free, key=lambda i: (self._reusable(i, request), self._slots[i].key == request.key,
+                                            -self._slots[i].used))
             keep = self._reusable(best, request)
             self._slots[best].request = request
             request.slot = best
