@@ -96,7 +96,10 @@ class _Pieces:
     def __init__(self, front: Any) -> None:
         self._front = front
         self._bos = front.token_bos()
-        self._cache: dict[tuple[int, bool], bytes] = {}
+        # the whole vocabulary at start (a fraction of a second): memory does not grow with the tokens seen
+        self._cache: dict[tuple[int, bool], bytes] = {
+            (token, special): _raw_piece(front, token, special)
+            for token in range(front.n_vocab()) for special in (False, True)}
 
     def piece(self, token: int, special: bool) -> bytes:
         key = (token, special)
