@@ -52,9 +52,8 @@ def worker_ours(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
         n_ctx_seq = cache_cells(method, n_train, n_ubatch)
     else:
         n_ctx_seq = cache_cells(method, n_train, n_ubatch, len(prompt), args.n_gen + 1)
-    kwargs: dict[str, Any] = {"n_batch": args.n_batch, "n_ubatch": args.n_ubatch, "verbose": False}
-    if args.threads:
-        kwargs.update(n_threads=args.threads, n_threads_batch=args.threads)
+    kwargs: dict[str, Any] = {"n_batch": args.n_batch, "n_ubatch": args.n_ubatch, "verbose": False,
+                              "n_threads": args.threads, "n_threads_batch": args.threads}
     batch = SequenceBatch(args.model, n_seq=args.n, n_ctx_seq=n_ctx_seq, **kwargs)
     for i in range(args.n):
         batch.open(i, args.method, **params)
@@ -87,8 +86,7 @@ def worker_stock(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
     cparams.n_ubatch = args.n_ubatch
     cparams.n_seq_max = args.n
     cparams.kv_unified = False
-    if args.threads:
-        cparams.n_threads = cparams.n_threads_batch = args.threads
+    cparams.n_threads = cparams.n_threads_batch = args.threads
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     batch = llama_cpp.llama_batch_init(max(len(prompt), args.n), 0, args.n)
@@ -135,7 +133,7 @@ def measure(kind: str, model: str, n: int, prompt: list[int], args: argparse.Nam
     env = dict(os.environ)
     cmd = [sys.executable, __file__, "--worker", kind, "--model", model, "--n", str(n), "--method", method,
            "--n-gen", str(args.n_gen), "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
-           "--n-ctx-train", str(n_ctx_train), "--threads", str(args.threads or 0)]
+           "--n-ctx-train", str(n_ctx_train), "--threads", str(args.threads)]
     if kind == "stock":
         from farctx.bench import stock_lib_dir
 
@@ -169,7 +167,8 @@ def main() -> int:
     ap.add_argument("--n-gen", type=int, default=32, help="decode steps")
     ap.add_argument("-b", "--batch-size", dest="n_batch", type=int, default=2048)
     ap.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, default=512)
-    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1,
+                    help="CPU threads, the same for ours and stock (default: every core)")
     ap.add_argument("--n-ctx-train", type=int, default=512,
                     help="the trained context the past-context lminf run assumes (0: the model's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "serve-parallel" / "serve-parallel.json"))
@@ -204,7 +203,7 @@ def main() -> int:
     past = measure("ours", model, 4, long_prompt, args, "lminf", args.n_ctx_train)
     report = {
         "model": model, "prompt_tokens": args.prompt, "n_gen": args.n_gen, "n_batch": args.n_batch,
-        "n_ubatch": args.n_ubatch, "threads": args.threads or "default",
+        "n_ubatch": args.n_ubatch, "threads": args.threads,
         "batch_impl": "stand-in (one farctx.Llama per stream)" if "STAND-IN" in (
             Path(farctx.__file__).parent / "batch.py").read_text() else "native",
         "stock": "llama-cpp-python low-level API on build/cmake-stock, n_seq_max = N, kv_unified off",

@@ -275,10 +275,12 @@ class Scheduler:
                                                         "cancelled"))
 
     def _gather(self) -> dict[int, list[int]]:
-        """This step's tokens per slot: sampled tokens first, then prompt pieces (round robin) while the
-        n_batch budget lasts (a piece is never cut short: at least one piece goes in every step)."""
+        """This step's tokens per slot: sampled tokens first, then prompt pieces (round robin, from a
+        slot further on each step) while the n_batch budget lasts. A piece is never cut short, and the
+        first piece of a step goes in whatever its size, so every prompt moves on."""
         feeds: dict[int, list[int]] = {}
         budget = self.n_batch
+        n_pieces = 0
         n = len(self._slots)
         for i, s in enumerate(self._slots):
             if s.request is not None and not s.pending and s.last is not None:
@@ -290,9 +292,10 @@ class Scheduler:
             if s.request is None or not s.pending:
                 continue
             piece = s.pending if self._whole_prompt(s.request) else s.pending[: self.chunk]
-            if len(piece) <= budget or not feeds:
+            if len(piece) <= budget or n_pieces == 0:
                 feeds[i] = list(piece)
                 budget -= len(piece)
+                n_pieces += 1
         self._rr = (self._rr + 1) % n
         return feeds
 
