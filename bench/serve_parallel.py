@@ -167,8 +167,8 @@ def main() -> int:
     ap.add_argument("--n-gen", type=int, default=32, help="decode steps")
     ap.add_argument("-b", "--batch-size", dest="n_batch", type=int, default=2048)
     ap.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, default=512)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1,
-                    help="CPU threads, the same for ours and stock (default: every core)")
+    ap.add_argument("-t", "--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="CPU threads, the same for ours and stock (default: half the cores, llama_cpp's)")
     ap.add_argument("--n-ctx-train", type=int, default=512,
                     help="the trained context the past-context lminf run assumes (0: the model's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "serve-parallel" / "serve-parallel.json"))

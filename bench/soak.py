@@ -226,6 +226,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--n-ctx-train", type=int, default=0,
                     help="the trained context the methods assume (default: 256; 32 with --tiny)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("-t", "--threads", type=int, default=0, help="the server's -t (0: llama.cpp's default)")
     ap.add_argument("--max-slope", type=float, default=5.0, help="MB/min of RSS after warm-up that fails the run")
     ap.add_argument("--out", default=None, help="summary JSON (default: bench/soak/soak-<minutes>min.json)")
     args = ap.parse_args(argv)
@@ -251,6 +252,8 @@ def main(argv: Optional[list[str]] = None) -> int:
            "-ub", str(ubatch), "--metrics", "-to", "300", "--log-level", "warning"]
     if args.model:
         cmd += ["-m", args.model]
+    if args.threads:
+        cmd += ["-t", str(args.threads)]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     started = time.monotonic()
