@@ -25,7 +25,6 @@ from .methods import MethodParams, cache_cells, method_infos
 from .scheduler import Request, Scheduler
 from .sampling import RowSampler
 from .server import Server, _Cancelled, _Job
-from .slot import Slot
 
 
 class _RequestView:
@@ -281,7 +280,3 @@ def _validate(method: dict[str, Any]) -> None:
     if n.lib.farctx_params_validate(params.to_c(n.ffi, n.lib), n.ffi.NULL, err, 512) != n.lib.FARCTX_OK:
         raise FarctxError(n.ffi.string(err).decode("utf-8", errors="replace"))
 
-
-def batched_server(slot: Slot, alias: str, n_parallel: int, **options: Any) -> BatchedServer:
-    """A BatchedServer over `slot`'s model, kwargs and method (its ctx_max: each slot's cache)."""
-    return BatchedServer(slot, alias, n_parallel=n_parallel, **options)
