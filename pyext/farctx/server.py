@@ -7,14 +7,17 @@ min_tokens) and sse-starlette for streams. Its app is not reused: it keeps one m
 module-level globals, ignores unknown fields, and has no place for per-request cache sizing,
 `prompt_progress` chunks or llama.cpp's `exceed_context_size_error`.
 
-Requests are served one at a time: a worker thread takes the slot's lock and holds it until its
-completion or stream is over; a client that goes away cancels its work (between tokens, or
-between prefill batches) and the lock is released by the thread that holds it.
+Without --parallel, requests are served one at a time: a worker thread takes the slot's lock and holds
+it until its completion or stream is over; a client that goes away cancels its work (between tokens,
+or between prefill batches) and the lock is released by the thread that holds it. With --parallel N,
+`batched_server.BatchedServer` serves them in N slots at once (continuous batching) through the same
+app, request models and response shapes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import ipaddress
 import json
@@ -37,6 +40,7 @@ from sse_starlette.sse import EventSourceResponse
 from .errors import FarctxError
 from .methods import method_names, param_infos
 from .progress import Progress
+from .scheduler import RequestTimeout
 from .slot import ContextError, Slot, SlotLlama
 
 MAX_TOKENS = 2**31 - 1  # positions are 32-bit
@@ -91,10 +95,14 @@ def error_body(status: int, message: str, kind: str, **extra: Any) -> dict[str, 
 
 
 def _error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, RequestTimeout):
+        return 408, error_body(408, str(exc), "timeout_error")
     if isinstance(exc, ContextError):
         return 400, error_body(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens,
                                n_ctx=exc.n_ctx)
     if isinstance(exc, FarctxError):
+        return 400, error_body(400, str(exc), "invalid_request_error")
+    if isinstance(exc, ValueError):  # llama_cpp's refusals of a request (e.g. logprobs without logits_all)
         return 400, error_body(400, str(exc), "invalid_request_error")
     print("farctx: request failed:", file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
@@ -112,6 +120,15 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     queue: "asyncio.Queue[tuple[str, Any]]" = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    deadline: Optional[float] = None  # time.monotonic() past which the request is cancelled (--timeout)
+    timed_out: bool = False
+
+    def expired(self) -> bool:
+        """Past the deadline: the request is cancelled (and answered with a timeout error)."""
+        if self.deadline is not None and time.monotonic() > self.deadline and not self.timed_out:
+            self.timed_out = True
+            self.cancel.set()
+        return self.timed_out
 
     def emit(self, kind: str, value: Any = None) -> None:
         try:
@@ -121,15 +138,28 @@ class _Job:
 
 
 @dataclass
+class Limits:
+    """Per-request limits: n_predict caps max_tokens (a request asking more, or nothing, gets the cap; 0:
+    none), timeout cancels a request that runs longer (seconds from its arrival; 0: none)."""
+
+    n_predict: int = 0
+    timeout: float = 0.0
+
+
+@dataclass
 class Server:
     """The app's state: the slot, the name clients use for the model, and the policy."""
 
     slot: Slot
     alias: str
     allow_override: bool = True
+    limits: Limits = field(default_factory=Limits)
+    metrics: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
+        self.statuses: collections.Counter[str] = collections.Counter()
+        self._status_lock = threading.Lock()
         llm = self.slot.engine(self.slot.method)  # load now: a bad model fails at startup
         self.meta = {
             "method": llm.method_params.method,
@@ -141,19 +171,43 @@ class Server:
             "override": self.allow_override,
         }
 
+    def describe(self) -> str:
+        return self.slot.engine(self.slot.method).method_params.describe()
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok"}
+
+    def count(self, status: int | str) -> None:
+        with self._status_lock:
+            self.statuses[str(status)] += 1
+
+    def metrics_text(self) -> str:
+        from .metrics import render
+
+        with self._status_lock:
+            statuses = dict(self.statuses)
+        return render(statuses, None)
+
     # -- the worker --------------------------------------------------------------------------
 
     def _work(self, job: _Job, body: CompletionRequest | ChatCompletionRequest, kwargs: dict[str, Any],
               chat: bool) -> None:
         with self.slot.lock:
-            if job.cancel.is_set():
+            if job.cancel.is_set() or job.expired():
+                if job.timed_out:
+                    job.emit("error", RequestTimeout("the request timed out waiting for the model (--timeout)"))
                 return
-            try:
-                self._serve(job, body, kwargs, chat)
-            except _Cancelled:
-                pass
-            except BaseException as exc:  # reported to the client, the server stays up
-                job.emit("error", exc)
+            self._serve_reporting(job, body, kwargs, chat)
+
+    def _serve_reporting(self, job: _Job, body: CompletionRequest | ChatCompletionRequest, kwargs: dict[str, Any],
+                         chat: bool) -> None:
+        try:
+            self._serve(job, body, kwargs, chat)
+        except _Cancelled:
+            if job.timed_out:
+                job.emit("error", RequestTimeout("the request ran past the server's --timeout and was cancelled"))
+        except BaseException as exc:  # reported to the client, the server stays up
+            job.emit("error", exc)
 
     def _serve(self, job: _Job, body: CompletionRequest | ChatCompletionRequest, kwargs: dict[str, Any],
                chat: bool) -> None:
@@ -169,7 +223,7 @@ class Server:
             return (llm.create_chat_completion if chat else llm.create_completion)(**args)
 
         progress = self._progress(job, state, body.stream and body.return_progress, chat)
-        result = self.slot.run(call, override, progress)
+        result = self._run(job, call, override, progress)
         if not body.stream:
             job.emit("result", result)
             return
@@ -177,7 +231,9 @@ class Server:
         chunks = iter(result)
         try:
             for chunk in chunks:
-                if job.cancel.is_set():
+                if job.cancel.is_set() or job.expired():
+                    if job.timed_out:
+                        raise _Cancelled()
                     return
                 choice = chunk["choices"][0] if chunk.get("choices") else {}
                 n_completion += choice.get("finish_reason") is None and ("text" in choice or "content" in
@@ -195,6 +251,11 @@ class Server:
             })
         job.emit("done")
 
+    def _run(self, job: _Job, call: Callable[[Any], Any], override: Optional[dict[str, Any]],
+             progress: Callable[[int, int], None]) -> Any:
+        """call(engine): the engine of the slot, loaded and sized for this request."""
+        return self.slot.run(call, override, progress)
+
     def _progress(self, job: _Job, state: dict[str, Any], to_client: bool, chat: bool) -> Callable[[int, int], None]:
         """Prefill progress: cancels when the client is gone; llama.cpp's `prompt_progress` chunks
         when asked for; a progress line on the log for long prompts. Only the prompt's feed reports."""
@@ -203,7 +264,7 @@ class Server:
         request_id = f"progress-{uuid.uuid4()}"
 
         def progress(done: int, total: int) -> None:
-            if job.cancel.is_set():
+            if job.cancel.is_set() or job.expired():
                 raise _Cancelled()
             if state.get("prompt_done"):
                 return
@@ -231,35 +292,47 @@ class Server:
         kwargs["model"] = body.model or self.alias
         if chat and body.max_completion_tokens is not None:  # type: ignore[union-attr]
             kwargs["max_tokens"] = body.max_completion_tokens  # type: ignore[union-attr]
+        if self.limits.n_predict > 0:  # llama-server's -n: a request asking more (or nothing) gets the cap
+            asked = kwargs.get("max_tokens")
+            kwargs["max_tokens"] = min(asked, self.limits.n_predict) if asked and asked > 0 else self.limits.n_predict
         job = _Job(asyncio.get_running_loop())
+        if self.limits.timeout > 0:
+            job.deadline = time.monotonic() + self.limits.timeout
         threading.Thread(target=self._work, args=(job, body, kwargs, chat), daemon=True,
                          name="farctx-request").start()
         try:
             kind, value = await job.queue.get()
         except BaseException:
             job.cancel.set()
+            self.count(499)
             raise
         if kind == "error":
             status, payload = _error_response(value)
+            self.count(status)
             return JSONResponse(payload, status_code=status)
         if not body.stream:
+            self.count(200)
             return value
         return EventSourceResponse(self._events(job, (kind, value)), sep="\n")
 
     async def _events(self, job: _Job, first: tuple[str, Any]) -> AsyncIterator[dict[str, str]]:
+        status: int = 499  # the client went away before the end
         try:
             kind, value = first
             while True:
                 if kind == "done":
+                    status = 200
                     yield {"data": "[DONE]"}
                     return
                 if kind == "error":
-                    yield {"data": json.dumps(_error_response(value)[1])}
+                    status, payload = _error_response(value)
+                    yield {"data": json.dumps(payload)}
                     return
                 yield {"data": json.dumps(value)}
                 kind, value = await job.queue.get()
         finally:  # the client went away, or the stream is over: the worker stops at its next token
             job.cancel.set()
+            self.count(status)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -283,8 +356,8 @@ def _authorized(header: str | None, api_keys: frozenset[str]) -> bool:
 
 
 def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAPI:
-    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health. With api_keys, every
-    route but /health answers 401 to a request without `Authorization: Bearer` and one of them."""
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics (with
+    server.metrics; Prometheus text). With api_keys, every route but /health answers 401 to a request without `Authorization: Bearer` and one of them."""
     import farctx
 
     app = FastAPI(title="farctx", version=farctx.__version__)
@@ -302,8 +375,17 @@ def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAP
         return JSONResponse(error_body(400, _validation_message(exc), "invalid_request_error"), status_code=400)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        return server.health()
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        from fastapi.responses import PlainTextResponse
+
+        if not server.metrics:  # llama-server's answer without --metrics
+            return JSONResponse(error_body(501, "This server does not support metrics endpoint. Start it with "
+                                           "`--metrics`", "not_supported_error"), status_code=501)
+        return PlainTextResponse(server.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -346,7 +428,7 @@ def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: 
     if not api_keys and not is_loopback(host):
         print(f"farctx: warning: listening on {host} without --api-key: anyone who can reach port {port} can "
               "use the model", file=sys.stderr, flush=True)
-    print(f"farctx: serving {server.alias} ({server.slot.engine(server.slot.method).method_params.describe()}) "
+    print(f"farctx: serving {server.alias} ({server.describe()}) "
           f"on {'https' if ssl else 'http'}://{host}:{port}/v1" + (" (API key required)" if api_keys else ""),
           file=sys.stderr, flush=True)
     uvicorn.run(create_app(server, api_keys), host=host, port=port, log_level=log_level,

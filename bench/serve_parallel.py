@@ -1,0 +1,233 @@
+"""Aggregate decode speed of N concurrent streams: farctx's SequenceBatch (what `farctx serve --parallel N`
+steps) against stock llama.cpp's own batched decoding of the same model, in the same run.
+
+Each measurement runs in a process of its own (stock and patched llama.cpp never share one):
+
+- ours: `farctx.batch.SequenceBatch` with N streams under a method (vanilla, lminf): every stream reads
+  the same prompt, then `--n-gen` steps each feed every stream its greedy token, one `step` per token;
+- stock: llama-cpp-python's low-level API on the unpatched library (build/cmake-stock, LLAMA_CPP_LIB_PATH):
+  one llama_context with n_seq_max = N (a KV stream per sequence, kv_unified off), each prompt decoded,
+  then one llama_decode per step with N tokens (one per sequence), greedy from each row. (Not
+  llama-batched-bench: this times the same loop, token handling included, with no C++ tool to build.)
+
+Reported: decode tokens/s summed over the streams (N x n_gen / decode seconds), and ours / stock. Then
+lminf with 4 streams, each 4 x past the (assumed) trained context, with the KV cells each stream holds
+before and after its generation (constant). While farctx.batch is the stand-in (one farctx.Llama per
+stream, fed one after the other) ours cannot beat 1 x stream speed; the numbers that count come with the
+native SequenceBatch.
+
+    .venv/bin/python bench/serve_parallel.py                     # 1, 2, 4, 8 streams; JSON in bench/serve-parallel/
+    .venv/bin/python bench/serve_parallel.py --streams 1,4 --n-gen 16 --n-ctx-train 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- workers (one measurement per process) --------------------------------------------------------------
+
+
+def worker_ours(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
+    import numpy as np
+
+    from farctx.batch import SequenceBatch
+    from farctx.methods import MethodParams, cache_cells, fixed_cache
+    from farctx.models import n_ctx_train
+
+    params = {"n_ctx_train": args.n_ctx_train} if args.n_ctx_train else {}
+    method = MethodParams.from_kwargs(args.method, params)
+    n_train = args.n_ctx_train or n_ctx_train(Path(args.model))
+    n_ubatch = min(args.n_ubatch, args.n_batch)
+    if fixed_cache(args.method):
+        n_ctx_seq = cache_cells(method, n_train, n_ubatch)
+    else:
+        n_ctx_seq = cache_cells(method, n_train, n_ubatch, len(prompt), args.n_gen + 1)
+    kwargs: dict[str, Any] = {"n_batch": args.n_batch, "n_ubatch": args.n_ubatch, "verbose": False,
+                              "n_threads": args.threads, "n_threads_batch": args.threads}
+    batch = SequenceBatch(args.model, n_seq=args.n, n_ctx_seq=n_ctx_seq, **kwargs)
+    for i in range(args.n):
+        batch.open(i, args.method, **params)
+    start = time.perf_counter()
+    rows = batch.step({i: prompt for i in range(args.n)})
+    prefill = time.perf_counter() - start
+    cells_before = [batch.stats(i)["n_cells_used"] for i in range(args.n)]
+    start = time.perf_counter()
+    for _ in range(args.n_gen):
+        rows = batch.step({i: [int(np.argmax(rows[i]))] for i in range(args.n)})
+    decode = time.perf_counter() - start
+    stats = [batch.stats(i) for i in range(args.n)]
+    batch.close()
+    return {"prefill_s": prefill, "decode_s": decode, "decode_tps": args.n * args.n_gen / decode,
+            "n_ctx_seq": n_ctx_seq, "cells_before": cells_before, "cells_after": [s["n_cells_used"] for s in stats],
+            "kv_bytes_per_stream": stats[0]["kv_bytes"], "n_past": stats[0]["n_past"]}
+
+
+def worker_stock(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
+    import llama_cpp
+    import numpy as np
+
+    llama_cpp.llama_backend_init()
+    mparams = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(args.model.encode(), mparams)
+    cparams = llama_cpp.llama_context_default_params()
+    per_seq = -(-(len(prompt) + args.n_gen + 1) // 256) * 256
+    cparams.n_ctx = per_seq * args.n
+    cparams.n_batch = max(args.n_batch, args.n)
+    cparams.n_ubatch = args.n_ubatch
+    cparams.n_seq_max = args.n
+    cparams.kv_unified = False
+    cparams.n_threads = cparams.n_threads_batch = args.threads
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    batch = llama_cpp.llama_batch_init(max(len(prompt), args.n), 0, args.n)
+
+    def fill(items: list[tuple[int, int, int]]) -> None:  # (token, pos, seq), logits for every item
+        batch.n_tokens = len(items)
+        for k, (tok, pos, seq) in enumerate(items):
+            batch.token[k], batch.pos[k], batch.n_seq_id[k] = tok, pos, 1
+            batch.seq_id[k][0] = seq
+            batch.logits[k] = 1
+
+    def row(k: int) -> np.ndarray:
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, k), shape=(n_vocab,))
+
+    start = time.perf_counter()
+    last: list[int] = []
+    for seq in range(args.n):
+        fill([(t, p, seq) for p, t in enumerate(prompt)])
+        for k in range(len(prompt) - 1):
+            batch.logits[k] = 0
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed (prefill)")
+        last.append(int(np.argmax(row(-1))))
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(args.n_gen):
+        fill([(last[seq], len(prompt) + step, seq) for seq in range(args.n)])
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed (decode)")
+        last = [int(np.argmax(row(seq))) for seq in range(args.n)]
+    decode = time.perf_counter() - start
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return {"prefill_s": prefill, "decode_s": decode, "decode_tps": args.n * args.n_gen / decode,
+            "n_ctx": per_seq * args.n}
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+
+
+def measure(kind: str, model: str, n: int, prompt: list[int], args: argparse.Namespace,
+            method: str = "vanilla", n_ctx_train: int = 0) -> Optional[dict[str, Any]]:
+    env = dict(os.environ)
+    cmd = [sys.executable, __file__, "--worker", kind, "--model", model, "--n", str(n), "--method", method,
+           "--n-gen", str(args.n_gen), "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
+           "--n-ctx-train", str(n_ctx_train), "--threads", str(args.threads)]
+    if kind == "stock":
+        from farctx.bench import stock_lib_dir
+
+        env["LLAMA_CPP_LIB_PATH"] = str(stock_lib_dir())
+    result = subprocess.run(cmd, input=json.dumps(prompt), capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        print(f"{kind} {method} x{n}: failed\n{result.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def prompt_tokens(model: str, n: int) -> list[int]:
+    import farctx  # noqa: F401  (first: llama_cpp on the patched library)
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(model, vocab_only=True, verbose=False)
+    text = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+            "must be in want of a wife. ") * (n // 10 + 1)
+    return vocab.tokenize(text.encode(), add_bos=True)[:n]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", choices=["ours", "stock"], help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--method", default="vanilla", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=None, help="GGUF (default: the bundled model)")
+    ap.add_argument("--streams", default="1,2,4,8")
+    ap.add_argument("--methods", default="vanilla,lminf")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per stream")
+    ap.add_argument("--n-gen", type=int, default=32, help="decode steps")
+    ap.add_argument("-b", "--batch-size", dest="n_batch", type=int, default=2048)
+    ap.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, default=512)
+    ap.add_argument("-t", "--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="CPU threads, the same for ours and stock (default: half the cores, llama_cpp's)")
+    ap.add_argument("--n-ctx-train", type=int, default=512,
+                    help="the trained context the past-context lminf run assumes (0: the model's)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "serve-parallel" / "serve-parallel.json"))
+    args = ap.parse_args()
+
+    if args.worker:
+        prompt = json.loads(sys.stdin.read())
+        if args.worker == "stock":
+            result = worker_stock(args, prompt)
+        else:
+            args.n_ctx_train = args.n_ctx_train or 0
+            result = worker_ours(args, prompt)
+        print(json.dumps(result))
+        return 0
+
+    import farctx
+
+    model = str(args.model or farctx.default_model_path())
+    prompt = prompt_tokens(model, args.prompt)
+    rows = []
+    for n in [int(x) for x in args.streams.split(",")]:
+        stock = measure("stock", model, n, prompt, args)
+        row: dict[str, Any] = {"streams": n, "stock_decode_tps": stock and stock["decode_tps"]}
+        for method in args.methods.split(","):
+            ours = measure("ours", model, n, prompt, args, method)
+            row[f"{method}_decode_tps"] = ours and ours["decode_tps"]
+            row[f"{method}_vs_stock"] = ours and stock and ours["decode_tps"] / stock["decode_tps"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    n_train = args.n_ctx_train or None
+    long_prompt = prompt_tokens(model, 4 * (n_train or 8192))
+    past = measure("ours", model, 4, long_prompt, args, "lminf", args.n_ctx_train)
+    report = {
+        "model": model, "prompt_tokens": args.prompt, "n_gen": args.n_gen, "n_batch": args.n_batch,
+        "n_ubatch": args.n_ubatch, "threads": args.threads,
+        "batch_impl": "stand-in (one farctx.Llama per stream)" if "STAND-IN" in (
+            Path(farctx.__file__).parent / "batch.py").read_text() else "native",
+        "stock": "llama-cpp-python low-level API on build/cmake-stock, n_seq_max = N, kv_unified off",
+        "rows": rows,
+        "lminf_4_streams_4x_past_context": past and {**past, "n_ctx_train_assumed": n_train or "model's",
+                                                      "prompt_tokens_per_stream": len(long_prompt)},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{'streams':>7} {'stock tok/s':>12} " + " ".join(f"{m + ' tok/s':>14} {'/stock':>7}"
+                                                        for m in args.methods.split(",")))
+    for row in rows:
+        cells = [f"{row['streams']:>7}", f"{row['stock_decode_tps'] or 0:>12.1f}"]
+        for m in args.methods.split(","):
+            cells += [f"{row[f'{m}_decode_tps'] or 0:>14.1f}", f"{row[f'{m}_vs_stock'] or 0:>7.2f}"]
+        print(" ".join(cells))
+    if past:
+        print(f"lminf, 4 streams of {len(long_prompt)} prompt tokens (4 x {n_train or 'n_ctx_train'}): "
+              f"{past['decode_tps']:.1f} tok/s; KV cells per stream {past['cells_before']} -> {past['cells_after']}")
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""Soak test of `farctx serve --parallel N`: a mixed load for a while, then checks.
+
+Starts the server on the default model (SmolLM2-135M-Instruct) with its methods assuming a short trained
+context (`--n-ctx-train 256`, so 8 x that is cheap), and runs client threads (more than the slots, so
+requests queue) until the time is up, each drawing from a fixed pool of requests: completions and chat,
+streamed and not, methods by the per-request `farctx` field (lminf, window, streaming, vanilla, mesa,
+selfextend), prompts from a few tokens to 8 x the trained context, greedy (compared) and sampled; and
+among them clients that leave mid-stream, malformed requests and requests that do not fit (400 expected).
+Every request of the pool is first served alone (the reference answers, and the warm-up), and every greedy
+answer under load is compared with its request's answer alone.
+
+It fails (exit status 1) on: any 5xx, a request error that is not the expected one, the server dying, a
+greedy answer under load different from the same request alone, RSS rising after warm-up by more than
+--max-slope MB/min. The summary (JSON) goes to bench/soak/ (or --out).
+
+    .venv/bin/python bench/soak.py                    # 30 minutes
+    .venv/bin/python bench/soak.py --tiny --minutes 3 # what tests/test_soak.py runs (the tiny model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Spec:
+    """One request of the pool: its body, the path, and what it should get."""
+
+    name: str
+    path: str
+    body: Any  # a dict, or raw text for malformed JSON
+    expect: int = 200  # HTTP status
+    leave_after: int = 0  # a client that leaves after this many stream events (0: reads to the end)
+
+    @property
+    def greedy(self) -> bool:
+        return (self.expect == 200 and isinstance(self.body, dict) and self.body.get("temperature") == 0
+                and not self.leave_after)
+
+
+@dataclass
+class Tally:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    statuses: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, set[str]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    n_requests: int = 0
+
+    def add(self, status: int, outcome: str, spec: Spec, answer: Optional[str], problem: Optional[str]) -> None:
+        with self.lock:
+            self.n_requests += 1
+            self.statuses[str(status)] = self.statuses.get(str(status), 0) + 1
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            if answer is not None and spec.greedy:
+                self.answers.setdefault(spec.name, set()).add(answer)
+            if problem and len(self.failures) < 50:
+                self.failures.append(f"{spec.name}: {problem}")
+
+
+def _text(words: list[str], n_tokens: int, rng: random.Random) -> str:
+    n_words = max(1, int(n_tokens / 1.35))
+    start = rng.randrange(0, max(1, len(words) - n_words))
+    return " ".join(words[start:start + n_words])
+
+
+def _corpus() -> list[str]:
+    try:
+        from farctx.data import austen
+
+        return austen("persuasion").split()
+    except Exception:  # the Austen texts are an optional extra: plain words then
+        rng = random.Random(0)
+        vocab = "the a of and to in was she he it that her his not with as had for but at be you on by".split()
+        return [rng.choice(vocab) for _ in range(50000)]
+
+
+def methods(t: int) -> list[Optional[dict[str, Any]]]:
+    """The methods of the mix (None: the server's lminf), their parameters scaled to the trained context t."""
+    mesa = {"method": "mesa", "first_chunk": max(1, t // 8), "stair_width": max(1, t // 16),
+            "last_context": max(1, t // 4), "gen_budget": max(1, t // 16)}
+    return [None, {"method": "window", "n_local": t // 2}, {"method": "streaming", "n_sink": 4},
+            {"method": "vanilla"}, mesa, {"method": "selfextend"}]
+
+
+def pool(seed: int, t: int) -> list[Spec]:
+    """The requests the clients draw from (fixed by the seed), for a trained context of t tokens (slots of
+    8 t cells)."""
+    rng = random.Random(seed)
+    words = _corpus()
+    mix = methods(t)
+    specs: list[Spec] = []
+    lengths = [8, t // 2, t, 2 * t, 4 * t, 8 * t - t // 2]
+    for i in range(30):
+        method = mix[i % len(mix)]
+        n_prompt = rng.choice(lengths)
+        if method is not None and method["method"] in ("mesa", "selfextend", "vanilla"):
+            n_prompt = min(n_prompt, 3 * t)  # they keep the whole stream: inside a slot's cache
+        chat = i % 3 == 1
+        body: dict[str, Any] = {"max_tokens": rng.choice([4, 8, 16, 24]), "temperature": 0}
+        if rng.random() < 0.2:
+            body.update(temperature=0.8, seed=rng.randrange(1000))
+        if method is not None:
+            body["farctx"] = method
+        text = _text(words, n_prompt, rng)
+        if chat:
+            body["messages"] = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        body["stream"] = i % 2 == 0
+        if body["stream"] and rng.random() < 0.3:
+            body["stream_options"] = {"include_usage": True}
+        name = f"{i:02d}-{'chat' if chat else 'completion'}-{(method or {}).get('method', 'lminf')}-{n_prompt}"
+        specs.append(Spec(name, "/v1/chat/completions" if chat else "/v1/completions", body))
+    # clients that leave mid-stream (a long generation they never read to the end)
+    for i in range(4):
+        body = {"prompt": _text(words, rng.choice([20, 2 * t, 7 * t]), rng), "max_tokens": 400, "temperature": 0,
+                "stream": True}
+        if mix[i % 3] is not None:
+            body["farctx"] = mix[i % 3]
+        specs.append(Spec(f"leave-{i}", "/v1/completions", body, leave_after=rng.choice([1, 3, 8])))
+    # malformed requests and requests that do not fit
+    specs += [
+        Spec("bad-json", "/v1/completions", '{"prompt": "hi", "max_tokens": 4', 400),
+        Spec("bad-field", "/v1/completions", {"prompt": "hi", "colour": "blue"}, 400),
+        Spec("bad-type", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "x"},
+             400),
+        Spec("bad-method", "/v1/completions", {"prompt": "hi", "farctx": {"method": "magic"}}, 400),
+        Spec("bad-param", "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                              "farctx": {"method": "mesa", "first_chunk": 100000}}, 400),
+        Spec("no-messages", "/v1/chat/completions", {"messages": []}, 400),
+        Spec("mesa-too-long", "/v1/completions", {"prompt": _text(words, 7 * t, rng), "max_tokens": 4 * t,
+                                                  "farctx": mix[4]}, 400),
+        Spec("vanilla-too-long", "/v1/completions", {"prompt": _text(words, 10 * t, rng), "max_tokens": 4,
+                                                     "farctx": {"method": "vanilla"}}, 400),
+    ]
+    return specs
+
+
+def send(base: str, spec: Spec, timeout: float = 600) -> tuple[int, str, Optional[str], Optional[str]]:
+    """(status, outcome, answer text or None, problem or None)."""
+    content = spec.body if isinstance(spec.body, str) else json.dumps(spec.body)
+    headers = {"Content-Type": "application/json"}
+    stream = isinstance(spec.body, dict) and spec.body.get("stream")
+    try:
+        if not stream:
+            r = httpx.post(base + spec.path, content=content, headers=headers, timeout=timeout)
+            if r.status_code != 200:
+                problem = None if r.status_code == spec.expect else f"status {r.status_code}: {r.text[:200]}"
+                return r.status_code, "refused", None, problem
+            choice = r.json()["choices"][0]
+            answer = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content") or ""
+            return 200, "done", answer, None if spec.expect == 200 else "accepted a request it should refuse"
+        with httpx.stream("POST", base + spec.path, content=content, headers=headers, timeout=timeout) as r:
+            if r.status_code != 200:
+                r.read()
+                problem = None if r.status_code == spec.expect else f"status {r.status_code}: {r.text[:200]}"
+                return r.status_code, "refused", None, problem
+            pieces, n = [], 0
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                n += 1
+                if spec.leave_after and n >= spec.leave_after:
+                    return 200, "left", None, None
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    return int(event["error"].get("code", 500)), "stream-error", None, f"stream error {event}"
+                for choice in event.get("choices") or []:
+                    pieces.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+            return 200, "done", "".join(pieces), None
+    except httpx.HTTPError as exc:
+        return 0, "connection-error", None, f"{type(exc).__name__}: {exc}"
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB), in MB per minute."""
+    if len(samples) < 3:
+        return 0.0
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mr = sum(r for _, r in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    return 60 * sum((t - mt) * (r - mr) for t, r in samples) / var if var else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--clients", type=int, default=6, help="client threads (more than the slots: a queue)")
+    ap.add_argument("--model", default=None, help="GGUF (default: the bundled model)")
+    ap.add_argument("--tiny", action="store_true", help="the random-weight test model (n_ctx_train 32)")
+    ap.add_argument("--n-ctx-train", type=int, default=0,
+                    help="the trained context the methods assume (default: 256; 32 with --tiny)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("-t", "--threads", type=int, default=0, help="the server's -t (0: llama.cpp's default)")
+    ap.add_argument("--max-slope", type=float, default=5.0, help="MB/min of RSS after warm-up that fails the run")
+    ap.add_argument("--out", default=None, help="summary JSON (default: bench/soak/soak-<minutes>min.json)")
+    args = ap.parse_args(argv)
+
+    tag = f"{'tiny-' if args.tiny else ''}{args.minutes:g}min"
+    out = Path(args.out) if args.out else ROOT / "bench" / "soak" / f"soak-{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import tempfile
+
+        import farctx
+        from tiny_gguf import write_tiny_gguf
+
+        args.model = str(write_tiny_gguf(Path(tempfile.mkdtemp()) / "tiny.gguf", farctx.default_model_path()))
+    n_train = args.n_ctx_train or (32 if args.tiny else 256)
+    ubatch = 16 if args.tiny else 128
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = out.with_suffix(".server.log")
+    cmd = [sys.executable, "-m", "farctx.cli.main", "serve", "--port", str(port), "--method", "lminf",
+           "--n-ctx-train", str(n_train), "-np", str(args.parallel), "--ctx-max", str(8 * n_train), "-b", str(4 * ubatch),
+           "-ub", str(ubatch), "--metrics", "-to", "300", "--log-level", "warning"]
+    if args.model:
+        cmd += ["-m", args.model]
+    if args.threads:
+        cmd += ["-t", str(args.threads)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    started = time.monotonic()
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() - started > 300:
+            print(log_path.read_text(), file=sys.stderr)
+            return 1
+        time.sleep(0.3)
+
+    specs = pool(args.seed, n_train)
+    # every request of the pool alone first: the reference answers (and the warm-up: each method opened)
+    reference: dict[str, str] = {}
+    failures: list[str] = []
+    t_ref = time.monotonic()
+    for spec in specs:
+        status, _, answer, problem = send(base, spec)
+        if problem:
+            failures.append(f"{spec.name} (alone): {problem}")
+        if spec.greedy and answer is not None:
+            reference[spec.name] = answer
+    reference_seconds = time.monotonic() - t_ref
+
+    tally = Tally()
+    t0 = time.monotonic()
+    end = t0 + 60 * args.minutes
+    rss: list[tuple[float, float]] = [(0.0, rss_mb(proc.pid))]
+    stop = threading.Event()
+
+    def client(k: int) -> None:
+        rng = random.Random(args.seed * 1000 + k)
+        while time.monotonic() < end and not stop.is_set():
+            spec = rng.choice(specs)
+            status, outcome, answer, problem = send(base, spec)
+            tally.add(status, outcome, spec, answer, problem)
+
+    def sampler() -> None:
+        while not stop.wait(5):
+            try:
+                rss.append((time.monotonic() - t0, rss_mb(proc.pid)))
+            except OSError:
+                return
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(args.clients)]
+    watcher = threading.Thread(target=sampler, daemon=True)
+    watcher.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    load_seconds = time.monotonic() - t0
+    alive_after_load = proc.poll() is None
+
+    # every greedy answer under load against the same request alone
+    mismatches = []
+    n_compared = 0
+    for name, answers in sorted(tally.answers.items()):
+        n_compared += len(answers)
+        if answers != {reference.get(name)}:
+            mismatches.append({"request": name, "alone": reference.get(name), "under_load": sorted(answers)})
+    metrics = {}
+    try:
+        for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                metrics[name] = float(value)
+    except httpx.HTTPError:
+        pass
+    alive = proc.poll() is None
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+    warm = [x for x in rss if x[0] >= min(120.0, load_seconds / 3)]
+    slope = slope_mb_per_min(warm)
+    n_5xx = sum(n for status, n in tally.statuses.items() if status.startswith("5"))
+    summary = {
+        "minutes": args.minutes, "load_seconds": round(load_seconds, 1), "parallel": args.parallel,
+        "clients": args.clients,
+        "model": "tiny (random weights)" if args.tiny else args.model or "default (SmolLM2-135M-Instruct)",
+        "n_ctx_train_assumed": n_train, "server": " ".join(cmd[3:]),
+        "reference_seconds": round(reference_seconds, 1), "requests": tally.n_requests, "statuses": tally.statuses, "outcomes": tally.outcomes,
+        "n_5xx": n_5xx, "failures": failures + tally.failures, "server_alive": alive and alive_after_load,
+        "greedy_requests_compared": n_compared, "greedy_mismatches": mismatches,
+        "rss_mb_first": rss[0][1] if rss else None, "rss_mb_last": rss[-1][1] if rss else None,
+        "rss_slope_mb_per_min_after_warmup": round(slope, 3), "rss_samples": [(round(t, 1), round(r, 1)) for t, r in rss],
+        "metrics": metrics, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+    }
+    ok = (n_5xx == 0 and not failures and not tally.failures and summary["server_alive"] and not mismatches
+          and abs(slope) <= args.max_slope)
+    summary["passed"] = ok
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("rss_samples", "metrics")}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

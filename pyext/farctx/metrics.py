@@ -1,0 +1,37 @@
+"""`/metrics`: the server's counters in Prometheus' text exposition format (version 0.0.4)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+def _family(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        lines.append(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}")
+
+
+def render(statuses: dict[str, int], snapshot: Optional[dict[str, Any]]) -> str:
+    """The text of /metrics: requests by HTTP status (499: the client left first), and with a scheduler's
+    snapshot (--parallel) its token counters, queue length, busy slots and KV cells in use per slot."""
+    lines: list[str] = []
+    _family(lines, "farctx_requests_total", "counter", "Requests answered, by HTTP status (499: the client left).",
+            [(f'{{status="{status}"}}', n) for status, n in sorted(statuses.items())] or [('{status="200"}', 0)])
+    if snapshot is not None:
+        counters = snapshot["counters"]
+        _family(lines, "farctx_prompt_tokens_total", "counter", "Prompt tokens read (evaluated).",
+                [("", counters.prompt_tokens)])
+        _family(lines, "farctx_prompt_tokens_cached_total", "counter",
+                "Prompt tokens reused from a slot's stream (not read again).", [("", counters.prompt_tokens_cached)])
+        _family(lines, "farctx_generated_tokens_total", "counter", "Tokens generated.",
+                [("", counters.generated_tokens)])
+        _family(lines, "farctx_decode_steps_total", "counter", "Batch steps (one step feeds every busy slot).",
+                [("", counters.steps)])
+        _family(lines, "farctx_requests_waiting", "gauge", "Requests waiting for a free slot.",
+                [("", snapshot["waiting"])])
+        _family(lines, "farctx_slots", "gauge", "Slots (--parallel).", [("", snapshot["n_slots"])])
+        _family(lines, "farctx_slots_busy", "gauge", "Slots serving a request.", [("", snapshot["slots_busy"])])
+        _family(lines, "farctx_kv_cells_used", "gauge", "KV cache cells in use, per slot.",
+                [(f'{{slot="{i}"}}', n) for i, n in enumerate(snapshot["cells"])])
+    return "\n".join(lines) + "\n"
