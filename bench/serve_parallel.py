@@ -10,11 +10,10 @@ Each measurement runs in a process of its own (stock and patched llama.cpp never
   then one llama_decode per step with N tokens (one per sequence), greedy from each row. (Not
   llama-batched-bench: this times the same loop, token handling included, with no C++ tool to build.)
 
-Reported: decode tokens/s summed over the streams (N x n_gen / decode seconds), and ours / stock. Then
-lminf with 4 streams, each 4 x past the (assumed) trained context, with the KV cells each stream holds
-before and after its generation (constant). While farctx.batch is the stand-in (one farctx.Llama per
-stream, fed one after the other) ours cannot beat 1 x stream speed; the numbers that count come with the
-native SequenceBatch.
+Reported: decode tokens/s summed over the streams (N x n_gen / decode seconds), medians of --reps
+repetitions (every configuration once per repetition), against 1 stream of the same engine (x1) and ours
+/ stock; then lminf with 4 streams, each 4 x past the (assumed) trained context, against 4 lminf streams
+inside it, with the KV cells each stream holds before and after its generation (constant).
 
     .venv/bin/python bench/serve_parallel.py                     # 1, 2, 4, 8 streams; JSON in bench/serve-parallel/
     .venv/bin/python bench/serve_parallel.py --streams 1,4 --n-gen 16 --n-ctx-train 256
@@ -53,7 +52,8 @@ def worker_ours(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
     else:
         n_ctx_seq = cache_cells(method, n_train, n_ubatch, len(prompt), args.n_gen + 1)
     kwargs: dict[str, Any] = {"n_batch": args.n_batch, "n_ubatch": args.n_ubatch, "verbose": False,
-                              "n_threads": args.threads, "n_threads_batch": args.threads}
+                              "n_threads": args.threads, "n_threads_batch": args.threads,
+                              "flash_attn": args.fa == "on"}
     batch = SequenceBatch(args.model, n_seq=args.n, n_ctx_seq=n_ctx_seq, **kwargs)
     for i in range(args.n):
         batch.open(i, args.method, **params)
@@ -87,6 +87,8 @@ def worker_stock(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
     cparams.n_seq_max = args.n
     cparams.kv_unified = False
     cparams.n_threads = cparams.n_threads_batch = args.threads
+    cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if args.fa == "on"
+                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     batch = llama_cpp.llama_batch_init(max(len(prompt), args.n), 0, args.n)
@@ -133,7 +135,7 @@ def measure(kind: str, model: str, n: int, prompt: list[int], args: argparse.Nam
     env = dict(os.environ)
     cmd = [sys.executable, __file__, "--worker", kind, "--model", model, "--n", str(n), "--method", method,
            "--n-gen", str(args.n_gen), "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
-           "--n-ctx-train", str(n_ctx_train), "--threads", str(args.threads)]
+           "--n-ctx-train", str(n_ctx_train), "--threads", str(args.threads), "-fa", args.fa]
     if kind == "stock":
         from farctx.bench import stock_lib_dir
 
@@ -171,6 +173,9 @@ def main() -> int:
                     help="CPU threads, the same for ours and stock (default: half the cores, llama_cpp's)")
     ap.add_argument("--n-ctx-train", type=int, default=512,
                     help="the trained context the past-context lminf run assumes (0: the model's)")
+    ap.add_argument("-fa", "--flash-attn", dest="fa", choices=["on", "off"], default="on",
+                    help="flash attention, the same for ours and stock")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (stock and ours interleaved); medians")
     ap.add_argument("--out", default=str(ROOT / "bench" / "serve-parallel" / "serve-parallel.json"))
     args = ap.parse_args()
 
@@ -188,22 +193,49 @@ def main() -> int:
 
     model = str(args.model or farctx.default_model_path())
     prompt = prompt_tokens(model, args.prompt)
-    rows = []
-    for n in [int(x) for x in args.streams.split(",")]:
-        stock = measure("stock", model, n, prompt, args)
-        row: dict[str, Any] = {"streams": n, "stock_decode_tps": stock and stock["decode_tps"]}
-        for method in args.methods.split(","):
-            ours = measure("ours", model, n, prompt, args, method)
-            row[f"{method}_decode_tps"] = ours and ours["decode_tps"]
-            row[f"{method}_vs_stock"] = ours and stock and ours["decode_tps"] / stock["decode_tps"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    streams = [int(x) for x in args.streams.split(",")]
+    methods = args.methods.split(",")
     n_train = args.n_ctx_train or None
     long_prompt = prompt_tokens(model, 4 * (n_train or 8192))
-    past = measure("ours", model, 4, long_prompt, args, "lminf", args.n_ctx_train)
+    samples: dict[tuple[str, int], list[float]] = {}
+    pasts: list[dict[str, Any]] = []
+    for rep in range(args.reps):  # every configuration once per repetition: slow phases of the machine hit all
+        for n in streams:
+            for kind, method in [("stock", "vanilla")] + [("ours", m) for m in methods]:
+                result = measure(kind, model, n, prompt, args, method)
+                if result:
+                    samples.setdefault((kind if kind == "stock" else method, n), []).append(result["decode_tps"])
+        past = measure("ours", model, 4, long_prompt, args, "lminf", args.n_ctx_train)
+        if past:
+            pasts.append(past)
+        print(f"repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
+
+    def median(key: tuple[str, int]) -> Optional[float]:
+        values = sorted(samples.get(key, []))
+        return values[len(values) // 2] if values else None
+
+    rows = []
+    for n in streams:
+        stock = median(("stock", n))
+        row: dict[str, Any] = {"streams": n, "stock_decode_tps": stock,
+                               "stock_vs_1_stream": stock and median(("stock", streams[0])) and
+                               stock / median(("stock", streams[0]))}
+        for method in methods:
+            ours = median((method, n))
+            one = median((method, streams[0]))
+            row[f"{method}_decode_tps"] = ours
+            row[f"{method}_vs_stock"] = ours and stock and ours / stock
+            row[f"{method}_vs_1_stream"] = ours and one and ours / one
+        rows.append(row)
+    past = None
+    if pasts:
+        past = sorted(pasts, key=lambda p: p["decode_tps"])[len(pasts) // 2]
+        inside = median(("lminf", 4))
+        past = {**past, "vs_4_streams_inside": inside and past["decode_tps"] / inside}
     report = {
         "model": model, "prompt_tokens": args.prompt, "n_gen": args.n_gen, "n_batch": args.n_batch,
-        "n_ubatch": args.n_ubatch, "threads": args.threads,
+        "n_ubatch": args.n_ubatch, "threads": args.threads, "flash_attn": args.fa, "reps": args.reps,
+        "samples": {f"{k[0]}@{k[1]}": v for k, v in samples.items()},
         "batch_impl": "stand-in (one farctx.Llama per stream)" if "STAND-IN" in (
             Path(farctx.__file__).parent / "batch.py").read_text() else "native",
         "stock": "llama-cpp-python low-level API on build/cmake-stock, n_seq_max = N, kv_unified off",
@@ -215,16 +247,20 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"{'streams':>7} {'stock tok/s':>12} " + " ".join(f"{m + ' tok/s':>14} {'/stock':>7}"
-                                                        for m in args.methods.split(",")))
+    print(f"decode tokens/s summed over the streams, medians of {args.reps} (-t {args.threads}, -fa {args.fa}); "
+          f"x1: against 1 stream of the same engine")
+    print(f"{'streams':>7} {'stock tok/s':>12} {'x1':>5} " + " ".join(f"{m + ' tok/s':>14} {'x1':>5} {'/stock':>7}"
+                                                                     for m in methods))
     for row in rows:
-        cells = [f"{row['streams']:>7}", f"{row['stock_decode_tps'] or 0:>12.1f}"]
-        for m in args.methods.split(","):
-            cells += [f"{row[f'{m}_decode_tps'] or 0:>14.1f}", f"{row[f'{m}_vs_stock'] or 0:>7.2f}"]
+        cells = [f"{row['streams']:>7}", f"{row['stock_decode_tps'] or 0:>12.1f}", f"{row['stock_vs_1_stream'] or 0:>5.2f}"]
+        for m in methods:
+            cells += [f"{row[f'{m}_decode_tps'] or 0:>14.1f}", f"{row[f'{m}_vs_1_stream'] or 0:>5.2f}",
+                      f"{row[f'{m}_vs_stock'] or 0:>7.2f}"]
         print(" ".join(cells))
     if past:
         print(f"lminf, 4 streams of {len(long_prompt)} prompt tokens (4 x {n_train or 'n_ctx_train'}): "
-              f"{past['decode_tps']:.1f} tok/s; KV cells per stream {past['cells_before']} -> {past['cells_after']}")
+              f"{past['decode_tps']:.1f} tok/s ({past['vs_4_streams_inside'] or 0:.2f} x 4 streams inside); KV cells "
+              f"per stream {past['cells_before']} -> {past['cells_after']}")
     print(f"written: {out}")
     return 0
 
