@@ -334,7 +334,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
 
-    warm = [x for x in rss if x[0] >= min(120.0, load_seconds / 3)]
+    # warm-up: the first half of the load, at most 2 minutes (slots fill, each method's graphs are built once)
+    warm = [x for x in rss if x[0] >= min(120.0, load_seconds / 2)]
     slope = slope_mb_per_min(warm)
     n_5xx = sum(n for status, n in tally.statuses.items() if status.startswith("5"))
     summary = {

@@ -59,10 +59,11 @@ def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: i
     from farctx.slot import Slot
 
     try:
-        from farctx.server import Limits, Server
+        from farctx.server import Limits, Server, limit_malloc_arenas
         from farctx.server import serve as run_server
     except ImportError as exc:
         raise click.ClickException(f"farctx serve needs the server packages: pip install 'farctx[serve]' ({exc})")
+    limit_malloc_arenas()  # before the model, the scheduler and uvicorn start threads
 
     keys = api_keys(api_key, api_key_file)
     if (ssl_key_file is None) != (ssl_cert_file is None):

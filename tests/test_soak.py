@@ -20,14 +20,16 @@ MINUTES = float(os.environ.get("FARCTX_SOAK_MINUTES", "3"))
 @pytest.mark.skipif(MINUTES <= 0, reason="FARCTX_SOAK_MINUTES=0")
 def test_soak_no_5xx_no_crash_flat_memory_answers_as_alone(tmp_path):
     out = tmp_path / "soak.json"
+    # memory: 3 minutes end inside the warm-up the 30-minute run shows (RSS rises for about 5 minutes, by less
+    # each minute, then stays flat: bench/soak/), so the bound here is 10 MB/min over the second half of the
+    # load (measured 5.2); a leak per request or per step grows faster and without end
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--tiny", "--minutes", str(MINUTES),
-                          "--out", str(out)], capture_output=True, text=True, timeout=60 * MINUTES + 900)
+                          "--max-slope", "10", "--out", str(out)], capture_output=True, text=True,
+                         timeout=60 * MINUTES + 900)
     assert out.exists(), run.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["n_5xx"] == 0 and summary["server_alive"], summary
     assert not summary["failures"], summary["failures"]
     assert summary["greedy_requests_compared"] > 0 and not summary["greedy_mismatches"], summary["greedy_mismatches"]
     assert summary["outcomes"].get("left", 0) > 0 and summary["statuses"].get("400", 0) > 0
-    if not summary["passed"]:  # what is left: memory (the stand-in batch loads an engine per method switch)
-        pytest.xfail(f"RSS not flat: {summary['rss_slope_mb_per_min_after_warmup']} MB/min after warm-up "
-                     f"({summary['rss_mb_first']} -> {summary['rss_mb_last']} MB)")
+    assert summary["passed"], {k: v for k, v in summary.items() if k not in ("rss_samples", "metrics", "server")}
