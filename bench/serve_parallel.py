@@ -236,8 +236,6 @@ def main() -> int:
         "model": model, "prompt_tokens": args.prompt, "n_gen": args.n_gen, "n_batch": args.n_batch,
         "n_ubatch": args.n_ubatch, "threads": args.threads, "flash_attn": args.fa, "reps": args.reps,
         "samples": {f"{k[0]}@{k[1]}": v for k, v in samples.items()},
-        "batch_impl": "stand-in (one farctx.Llama per stream)" if "STAND-IN" in (
-            Path(farctx.__file__).parent / "batch.py").read_text() else "native",
         "stock": "llama-cpp-python low-level API on build/cmake-stock, n_seq_max = N, kv_unified off",
         "rows": rows,
         "lminf_4_streams_4x_past_context": past and {**past, "n_ctx_train_assumed": n_train or "model's",

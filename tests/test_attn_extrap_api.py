@@ -178,13 +178,16 @@ def reserve_count() -> Iterator[Callable[[], int]]:
         llama_cpp.llama_log_set(_LOG._callback, ctypes.c_void_p(0))
 
 
-GRAPH_FIELDS = {"n_seg2": 12, "kv_first": 8, "use_q_delta": True, "use_k_delta": True, "use_q_scale": True}
+# kv_first: from a main segment starting at cell 4 to one over every cell (a move to another cell > 0 keeps the
+# buffers: test_kv_first_moves_without_reserving)
+GRAPH_FIELDS = {"n_seg2": 12, "kv_first": 0, "use_q_delta": True, "use_k_delta": True,
+                "use_q_scale": True}
 
 
 @pytest.mark.parametrize("field", sorted(GRAPH_FIELDS))
 def test_every_graph_field_reserves(tiny_model, field):
     """A change of any field that shapes the graph makes the next llama_decode reserve the compute buffers
-    again, and only such a change (kv_first alone never did: llama_context kept its own, shorter comparison)."""
+    again, and only such a change (for kv_first: whether there is one, not where it is)."""
     tokens = random_tokens(24, seed=62)
     fill = Fill()
     base = dict(n_seg2=16, kv_first=4)
@@ -199,6 +202,22 @@ def test_every_graph_field_reserves(tiny_model, field):
         assert set_attn_extrap(ctx, fill.params(**{**base, field: GRAPH_FIELDS[field]})) == OK
         assert decode(ctx, tokens[21:22], 21) == 0
         assert reserves() == before + 1, f"a change of {field} alone did not reserve"
+
+
+def test_kv_first_moves_without_reserving(tiny_model):
+    """Patch 0014: the main segment's first cell moving (kv_first 4 -> 8 -> 12, Mesa's middle chunks) keeps the
+    compute buffers, sized for kv_first = 1; the graph is rebuilt and the logits stay exact
+    (test_kv_first_changes_between_ubatches)."""
+    tokens = random_tokens(24, seed=62)
+    fill = Fill()
+    with raw_context(tiny_model) as (_, ctx), reserve_count() as reserves:
+        assert set_attn_extrap(ctx, fill.params(n_seg2=16, kv_first=4)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        before = reserves()
+        for pos, kv_first in ((20, 8), (21, 12)):
+            assert set_attn_extrap(ctx, fill.params(n_seg2=16, kv_first=kv_first)) == OK
+            assert decode(ctx, tokens[pos : pos + 1], pos) == 0
+        assert reserves() == before
 
 
 def test_kv_first_changes_between_ubatches(tiny_model):
