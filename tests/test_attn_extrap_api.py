@@ -220,24 +220,34 @@ def test_kv_first_moves_without_reserving(tiny_model):
         assert reserves() == before
 
 
-def test_kv_first_changes_between_ubatches(tiny_model):
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["faoff", "faon"])
+def test_kv_first_changes_between_ubatches(tiny_model, flash_attn):
     """Vanilla attention split at kv_first into two segments (cells below it as the second segment), with
-    kv_first moving between ubatches of one stream: the logits of every ubatch equal stock's."""
+    kv_first moving between ubatches of one stream: the logits of every ubatch equal stock's. Without flash
+    attention to 1e-4. With it (an F16 cache) the segments go through two flash-attention calls merged by their
+    log-sum-exps (patch 0016), while stock makes one call; the CPU kernel for fewer than 64 queries accumulates
+    V.P in F16, so the two round differently: measured 0.18% of the logit scale, held to 0.5%."""
+    fa = dict(flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     tokens = random_tokens(48, seed=63)
     cuts = [(0, 16, 0), (16, 24, 16), (24, 32, 8), (32, 48, 24)]  # ubatch [a, b) with kv_first k
     stock = []
-    with raw_context(tiny_model) as (model, ctx):
+    with raw_context(tiny_model, **fa) as (model, ctx):
         for a, b, _ in cuts:
             assert decode(ctx, tokens[a:b], a) == 0
             stock.append(last_logits(model, ctx))
     fill = Fill()
-    with raw_context(tiny_model) as (model, ctx):
+    with raw_context(tiny_model, **fa) as (model, ctx):
         for (a, b, k), ref in zip(cuts, stock):
             params = fill.params(n_seg2=32, kv_first=k) if k else fill.params()
             fill.seg2_cells = k
             assert set_attn_extrap(ctx, params) == OK
             assert decode(ctx, tokens[a:b], a) == 0
-            np.testing.assert_allclose(last_logits(model, ctx), ref, atol=1e-4)
+            got = last_logits(model, ctx)
+            if flash_attn:
+                assert np.abs(got - ref).max() <= 5e-3 * np.abs(ref).max()
+            else:
+                np.testing.assert_allclose(got, ref, atol=1e-4)
 
 
 def test_failed_fill_aborts_decode(tiny_model):

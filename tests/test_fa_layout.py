@@ -68,6 +68,7 @@ class Operand:
 class FaNode:
     mode: int            # 0: stock graph (LLAMA_ATTN_EXTRAP_NONE), 1: ours (CUSTOM)
     ops: dict[str, Operand]
+    lse: bool = False    # ggml_flash_attn_ext_lse (patch 0015): CPU only, never handed to a GPU kernel
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -83,7 +84,7 @@ def parse_log(path: Path) -> list[FaNode]:
             typ, ne, nb, offs, origin, base = fields[name].split(":")
             ops[name] = Operand(typ, _ints(ne), _ints(nb), int(offs.split("=")[1]), origin.split("=")[1],
                                 _ints(base.split("=")[1]))
-        nodes.append(FaNode(int(fields["mode"]), ops))
+        nodes.append(FaNode(int(fields["mode"]), ops, fields.get("lse", "0") == "1"))
     return nodes
 
 
@@ -104,7 +105,8 @@ def fa_nodes(tiny_model: Path, tmp_path: Path, method: str, kv: str, n_ubatch: i
 
 
 def layout_violations(nodes: list[FaNode], stock_cache: dict[str, set[tuple[object, ...]]]) -> Iterator[str]:
-    for node in nodes:
+    # the log-sum-exp calls run on the CPU only (ggml_backend_dev_supports_op refuses them elsewhere)
+    for node in (n for n in nodes if not n.lse):
         k, v, q, mask = node.ops["k"], node.ops["v"], node.ops["q"], node.ops["mask"]
         for name, op in (("k", k), ("v", v)):
             if op.origin == "cache":
@@ -182,15 +184,35 @@ def _per_query_nodes(nodes: list[FaNode], n_seg2: int) -> list[FaNode]:
     return [n for n in nodes if n.ops["q"].ne[1] == 7 and n.ops["k"].ne[1] == 256 + 7 * n_seg2]
 
 
-@pytest.mark.parametrize("method, n_seg2, env", [("streaming", N_SINK, {}), ("lminf", N_GLOBAL, {"FARCTX_PER_QUERY_SEG2": "32"})])
+NO_LSE = {"FARCTX_SEG2_LSE": "0"}
+
+
+@pytest.mark.parametrize("method, n_seg2", [("lminf", N_GLOBAL), ("streaming", N_SINK)])
+def test_prefill_past_n_local_merges_two_flash_attentions(tiny_model, tmp_path, method, n_seg2):
+    """On the CPU, a ubatch of 7 queries past n_local: the cells and the head tokens (globals, sinks) each go
+    through a flash-attention call that also returns its rows' log-sum-exp (patch 0015), and the two are
+    merged (patch 0016): no copies, no two-segment softmax, no per-query key copies."""
+    nodes = [n for n in fa_nodes(tiny_model, tmp_path, method, "f16", 7) if n.mode == 1 and n.ops["q"].ne[1] == 7]
+    lse = [n for n in nodes if n.lse]
+    main = [n for n in lse if n.ops["k"].ne[1] >= 256 - N_GLOBAL]   # every cell, or those from kv_first on
+    head = [n for n in lse if n.ops["k"].ne[1] == n_seg2]
+    # two ubatches of the 100-token prompt lie wholly past n_local = 32, two layers: a pair per layer and ubatch
+    assert len(main) >= 2 * 2 and len(head) == len(main) and len(lse) == len(main) + len(head)
+    assert all(n.ops["mask"].ne[0] == n.ops["k"].ne[1] for n in lse)
+    assert not _per_query_nodes(nodes, n_seg2)
+    off = _fa_nodes_in_child(tiny_model, tmp_path, method, NO_LSE)
+    assert not any(n.lse for n in off)
+
+
+@pytest.mark.parametrize("method, n_seg2, env", [("streaming", N_SINK, NO_LSE),
+                                                 ("lminf", N_GLOBAL, {"FARCTX_PER_QUERY_SEG2": "32", **NO_LSE})])
 def test_prefill_past_n_local_goes_through_flash_attention(tiny_model, tmp_path, method, n_seg2, env):
-    """A ubatch of 7 queries past n_local: the head tokens (globals, sinks) are copied once per query, each
-    copy rotated for its query, and appended to the cells, so one flash-attention call over
-    [256 cells | 7 * n_seg2 copies] computes the whole attention (no two-segment softmax). The CPU takes this
-    path up to 8 head tokens (streaming's 4 sinks; lminf's 10 globals with the GPU's limit, 32, forced).
-    Its nodes follow the layout rules above (test_flash_attention_layouts_are_stock_or_copies)."""
-    nodes = _fa_nodes_in_child(tiny_model, tmp_path, method, env) if env else \
-        [n for n in fa_nodes(tiny_model, tmp_path, method, "f16", 7) if n.mode == 1]
+    """Where the log-sum-exp is not at hand (a GPU; on the CPU FARCTX_SEG2_LSE=0), a ubatch of 7 queries past
+    n_local: the head tokens (globals, sinks) are copied once per query, each copy rotated for its query, and
+    appended to the cells, so one flash-attention call over [256 cells | 7 * n_seg2 copies] computes the whole
+    attention (no two-segment softmax). Taken up to 8 head tokens in host memory, 32 elsewhere (streaming's 4
+    sinks; lminf's 10 globals with 32 forced). Its nodes follow the layout rules above."""
+    nodes = _fa_nodes_in_child(tiny_model, tmp_path, method, env)
     per_query = _per_query_nodes(nodes, n_seg2)
     assert per_query and all(n.ops["k"].origin == "CONCAT" and n.ops["mask"].origin == "CONCAT" for n in per_query)
     # two ubatches of the 100-token prompt lie wholly past n_local = 32 (tokens 35-41 and 42-48, ...), per layer
@@ -203,18 +225,18 @@ def test_lminf_per_query_copies_match_the_oracle():
     GPU's): its oracle suite with flash attention, F16 and Q8_0 caches, ubatch 1/7/64, in that setting."""
     here = Path(__file__).parent
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_oracle_methods.py"),
-                          "-k", "lminf and faon"], env=dict(os.environ, FARCTX_PER_QUERY_SEG2="32"),
+                          "-k", "lminf and faon"], env=dict(os.environ, FARCTX_PER_QUERY_SEG2="32", **NO_LSE),
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
 
 
 def test_both_paths_can_be_switched_off(tiny_model, tmp_path):
-    """FARCTX_PER_QUERY_SEG2=0 and FARCTX_DISPLAY_CELLS=0 keep the two-segment softmax for several queries and
+    """FARCTX_SEG2_LSE=0, FARCTX_PER_QUERY_SEG2=0 and FARCTX_DISPLAY_CELLS=0 keep the two-segment softmax for several queries and
     the concatenated copy of the cells for one: the checks above can fail."""
     nodes = _fa_nodes_in_child(tiny_model, tmp_path, "streaming", {"FARCTX_PER_QUERY_SEG2": "0",
-                                                                   "FARCTX_DISPLAY_CELLS": "0"})
-    assert not _per_query_nodes(nodes, N_SINK)
+                                                                   "FARCTX_DISPLAY_CELLS": "0", **NO_LSE})
+    assert not _per_query_nodes(nodes, N_SINK) and not any(n.lse for n in nodes)
     decode = [n for n in nodes if n.ops["q"].ne[1] == 1]
     assert decode and all(n.ops["k"].origin == "CONCAT" for n in decode)
 
