@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -29,7 +30,7 @@ def _ggml() -> Any:
 
     native()  # llama_cpp and libfarctx first: the same libggml, backends registered
     lib = ctypes.CDLL(str(_paths.lib_dir() / _GGML.get(sys.platform, "libggml.so")))
-    for name, restype, argtypes in (
+    return declare(lib, (
         ("ggml_backend_reg_count", ctypes.c_size_t, []),
         ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
         ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
@@ -38,7 +39,12 @@ def _ggml() -> Any:
         ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
         ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
         ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
-    ):
+    ))
+
+
+def declare(lib: Any, signatures: Iterable[tuple[str, Any, list[Any]]]) -> Any:
+    """Set the result and argument types of lib's functions (name, restype, argtypes); returns lib."""
+    for name, restype, argtypes in signatures:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     return lib

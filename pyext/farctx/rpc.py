@@ -107,7 +107,9 @@ def check_server(endpoint: str, timeout: Optional[float] = None) -> tuple[int, i
 
 
 def _bind(lib: Any) -> Any:
-    for name, restype, argtypes in (
+    from .backends import declare
+
+    return declare(lib, (
         ("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p]),
         ("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
         ("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p]),
@@ -116,10 +118,7 @@ def _bind(lib: Any) -> Any:
         ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
         ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
         ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
-    ):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    ))
 
 
 def _ggml(ggml: Optional[ctypes.CDLL]) -> Any:
