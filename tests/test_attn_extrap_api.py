@@ -178,16 +178,15 @@ def reserve_count() -> Iterator[Callable[[], int]]:
         llama_cpp.llama_log_set(_LOG._callback, ctypes.c_void_p(0))
 
 
-# kv_first: from a main segment starting at cell 4 to one over every cell (a move to another cell > 0 keeps the
-# buffers: test_kv_first_moves_without_reserving)
-GRAPH_FIELDS = {"n_seg2": 12, "kv_first": 0, "use_q_delta": True, "use_k_delta": True,
-                "use_q_scale": True}
+# kv_first is not one: the buffers hold every first cell of the main segment, 0 included
+# (test_kv_first_moves_without_reserving)
+GRAPH_FIELDS = {"n_seg2": 12, "use_q_delta": True, "use_k_delta": True, "use_q_scale": True}
 
 
 @pytest.mark.parametrize("field", sorted(GRAPH_FIELDS))
 def test_every_graph_field_reserves(tiny_model, field):
     """A change of any field that shapes the graph makes the next llama_decode reserve the compute buffers
-    again, and only such a change (for kv_first: whether there is one, not where it is)."""
+    again, and only such a change (not kv_first: test_kv_first_moves_without_reserving)."""
     tokens = random_tokens(24, seed=62)
     fill = Fill()
     base = dict(n_seg2=16, kv_first=4)
@@ -205,18 +204,28 @@ def test_every_graph_field_reserves(tiny_model, field):
 
 
 def test_kv_first_moves_without_reserving(tiny_model):
-    """Patch 0014: the main segment's first cell moving (kv_first 4 -> 8 -> 12, Mesa's middle chunks) keeps the
-    compute buffers, sized for kv_first = 1; the graph is rebuilt and the logits stay exact
-    (test_kv_first_changes_between_ubatches)."""
-    tokens = random_tokens(24, seed=62)
+    """Patch 0014: the main segment's first cell moving (kv_first 4 -> 8 -> 12, Mesa's middle chunks) or coming
+    and going (0 for a prompt's ubatches, n_global for lminf's decoded tokens, 0 for the next prompt) keeps the
+    compute buffers, sized for kv_first = 0 and 1; the graph is rebuilt and the logits stay exact
+    (test_kv_first_changes_between_ubatches). Before, each switch between 0 and > 0 reserved again: measured
+    10-20 ms on the default model, once per prompt and once per reply."""
+    tokens = random_tokens(40, seed=62)
     fill = Fill()
     with raw_context(tiny_model) as (_, ctx), reserve_count() as reserves:
         assert set_attn_extrap(ctx, fill.params(n_seg2=16, kv_first=4)) == OK
         assert decode(ctx, tokens[:20], 0) == 0
         before = reserves()
-        for pos, kv_first in ((20, 8), (21, 12)):
+        for a, b, kv_first in ((20, 21, 8), (21, 22, 12), (22, 30, 0), (30, 31, 4), (31, 40, 0)):
             assert set_attn_extrap(ctx, fill.params(n_seg2=16, kv_first=kv_first)) == OK
-            assert decode(ctx, tokens[pos : pos + 1], pos) == 0
+            assert decode(ctx, tokens[a:b], a) == 0
+        assert reserves() == before
+    with raw_context(tiny_model) as (_, ctx), reserve_count() as reserves:
+        # the same when the first settings have kv_first = 0
+        assert set_attn_extrap(ctx, fill.params(n_seg2=16)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        before = reserves()
+        assert set_attn_extrap(ctx, fill.params(n_seg2=16, kv_first=4)) == OK
+        assert decode(ctx, tokens[20:21], 20) == 0
         assert reserves() == before
 
 

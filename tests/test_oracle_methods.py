@@ -138,3 +138,30 @@ def test_lminf_with_several_kv_heads(gqa_model, kv, n_ubatch):
     got = engine_logits(path, tokens, N_PREFILL, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
                         flash_attn=fa, method="lminf", n_ctx=256)
     tolerance(type_k, type_v, fa).check(got, ref, f"gqa lminf {kv_id(kv)} ubatch {n_ubatch}")
+
+
+@pytest.mark.parametrize("method", ["lminf", "streaming"])
+def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, oracle, tmp_path, monkeypatch,
+                                                                    method):
+    """Patch 0017: one query over a view of at least 512 cells takes the CPU's split-KV flash attention, whose
+    threads now start at equal counts of unmasked cells instead of equal cell counts. A fixed cache past a long
+    prompt has free cells in its view (evicted keys, the room for a ubatch), so the ranges move; every cell
+    must still be read exactly once: the decoded tokens' logits equal the oracle's with 4 threads."""
+    from helpers import F16
+    from test_fa_layout import parse_log
+
+    n, n_prefill, n_local = 1400, 1360, 600
+    tokens = random_tokens(n, seed=17)
+    if method == "streaming":
+        kwargs, ref_rule = dict(n_local=n_local, n_sink=N_SINK), method_rule(method, n, n_local, n_sink=N_SINK)
+    else:
+        kwargs, ref_rule = dict(n_local=n_local, n_global=N_GLOBAL), method_rule(method, n, n_local, N_GLOBAL)
+    log = tmp_path / "fa.log"
+    monkeypatch.setenv("FARCTX_FA_LAYOUT_LOG", str(log))
+    got = engine_logits(tiny_model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
+                        method=method, n_ctx=2048, n_threads=4, **kwargs)
+    decode_views = [node.ops["k"].ne[1] for node in parse_log(log) if node.mode == 1 and node.ops["q"].ne[1] == 1]
+    assert decode_views and min(decode_views) >= 512, f"decode views {sorted(set(decode_views))}: no split-KV path"
+    assert max(decode_views) > n_local + N_GLOBAL + 1, "no free cell in view"
+    tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
+                                    f"{method} decode over {sorted(set(decode_views))} cells")
