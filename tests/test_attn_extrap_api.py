@@ -165,15 +165,17 @@ def test_custom_vanilla_matches_stock(tiny_model):
 
 @contextmanager
 def reserve_count() -> Iterator[Callable[[], int]]:
-    """Counts llama.cpp's compute-buffer reservations (its log line "sched_reserve: reserving ...") while open;
-    farctx's own log receiver is put back afterwards."""
+    """Counts llama.cpp's compute-buffer reservations while open: its log lines "sched_reserve: reserving ..."
+    (every graph again) and "extrap_reserve_added: reserving ..." (patch 0014: settings the context has not run
+    before, reserved in place). farctx's own log receiver is put back afterwards."""
     from farctx.engine import _LOG
 
     lines: list[str] = []
     callback = llama_cpp.llama_log_callback(lambda _level, text, _data: lines.append(text.decode(errors="replace")))
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
     try:
-        yield lambda: sum("sched_reserve: reserving ..." in line for line in lines)
+        yield lambda: sum(": reserving ..." in line and line.startswith(("sched_reserve", "extrap_reserve_added"))
+                          for line in lines)
     finally:
         llama_cpp.llama_log_set(_LOG._callback, ctypes.c_void_p(0))
 
@@ -201,6 +203,27 @@ def test_every_graph_field_reserves(tiny_model, field):
         assert set_attn_extrap(ctx, fill.params(**{**base, field: GRAPH_FIELDS[field]})) == OK
         assert decode(ctx, tokens[21:22], 21) == 0
         assert reserves() == before + 1, f"a change of {field} alone did not reserve"
+
+
+def test_settings_run_before_keep_the_buffers(tiny_model):
+    """Patch 0014: the buffers hold every setting the context has run, so switching back to one (Mesa: the last
+    chunk's key deltas and query scale after a prompt's middle chunks, then the next prompt's middle chunks
+    again) reserves nothing; a setting not run before reserves once, for itself alone."""
+    tokens = random_tokens(40, seed=66)
+    fill = Fill()
+    middle = dict(n_seg2=16, kv_first=4)
+    last = dict(use_k_delta=True, use_q_scale=True)
+    with raw_context(tiny_model) as (_, ctx), reserve_count() as reserves:
+        assert set_attn_extrap(ctx, fill.params(**middle)) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        before = reserves()
+        assert set_attn_extrap(ctx, fill.params(**last)) == OK
+        assert decode(ctx, tokens[20:24], 20) == 0
+        assert reserves() == before + 1, "a setting not run before did not reserve"
+        for a, b, settings in ((24, 28, middle), (28, 32, last), (32, 36, middle), (36, 40, last)):
+            assert set_attn_extrap(ctx, fill.params(**settings)) == OK
+            assert decode(ctx, tokens[a:b], a) == 0
+        assert reserves() == before + 1
 
 
 def test_kv_first_moves_without_reserving(tiny_model):
