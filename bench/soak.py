@@ -11,10 +11,12 @@ answer under load is compared with its request's answer alone.
 
 It fails (exit status 1) on: any 5xx, a request error that is not the expected one, the server dying, a
 greedy answer under load different from the same request alone, RSS rising after warm-up by more than
---max-slope MB/min. The summary (JSON) goes to bench/soak/ (or --out).
+--max-slope MB/min, or RSS growing over the rounds that follow the load (--rounds of the same requests,
+each client its share of the pool, RSS read at idle after each) by more than --max-growth KB per request.
+The summary (JSON) goes to bench/soak/ (or --out).
 
     .venv/bin/python bench/soak.py                    # 30 minutes
-    .venv/bin/python bench/soak.py --tiny --minutes 3 # what tests/test_soak.py runs (the tiny model)
+    .venv/bin/python bench/soak.py --tiny --minutes 3 --max-slope inf  # what tests/test_soak.py runs
 """
 
 from __future__ import annotations
@@ -199,15 +201,49 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
-    """Least-squares slope of (seconds, MB), in MB per minute."""
+def least_squares_slope(samples: list[tuple[float, float]]) -> float:
+    """Slope of y over x, fitted by least squares (0 with fewer than 3 points)."""
     if len(samples) < 3:
         return 0.0
     n = len(samples)
-    mt = sum(t for t, _ in samples) / n
-    mr = sum(r for _, r in samples) / n
-    var = sum((t - mt) ** 2 for t, _ in samples)
-    return 60 * sum((t - mt) * (r - mr) for t, r in samples) / var if var else 0.0
+    mx = sum(x for x, _ in samples) / n
+    my = sum(y for _, y in samples) / n
+    var = sum((x - mx) ** 2 for x, _ in samples)
+    return sum((x - mx) * (y - my) for x, y in samples) / var if var else 0.0
+
+
+def rounds(base: str, specs: list[Spec], n_rounds: int, n_threads: int, pid: int,
+           tally: Tally) -> list[tuple[int, float]]:
+    """The leak check: the same requests round after round (thread k sends every n_threads-th request of the
+    pool, in order), RSS read when the server is idle after each round, as (requests sent so far, MB).
+    Every round repeats the last one's work, so once the allocators have seen it RSS stays put; a leak per
+    request or per step adds the same amount each round."""
+    shares = [specs[k::n_threads] for k in range(n_threads)]
+    samples: list[tuple[int, float]] = []
+    for _ in range(n_rounds):
+        threads = [threading.Thread(target=_send_all, args=(base, share, tally), daemon=True) for share in shares]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        time.sleep(1.0)  # a client that left: the server notices at its next token
+        samples.append((tally.n_requests, rss_mb(pid)))
+    return samples
+
+
+def _send_all(base: str, share: list[Spec], tally: Tally) -> None:
+    for spec in share:
+        status, outcome, answer, problem = send(base, spec)
+        tally.add(status, outcome, spec, answer, problem)
+
+
+def round_growth_kb_per_request(samples: list[tuple[int, float]], settle: int = 3) -> float:
+    """RSS growth per request over the rounds after the first `settle` (KB per request): the mean of the
+    per-round steps without the largest one. A leak adds to every round; the allocators step up now and then
+    (and give memory back), so one step is not a trend."""
+    later = samples[settle - 1:]
+    steps = sorted(1024 * (r1 - r0) / max(1, q1 - q0) for (q0, r0), (q1, r1) in zip(later, later[1:]))[:-1]
+    return sum(steps) / len(steps) if steps else 0.0
 
 
 def _free_port() -> int:
@@ -228,6 +264,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("-t", "--threads", type=int, default=0, help="the server's -t (0: llama.cpp's default)")
     ap.add_argument("--max-slope", type=float, default=5.0, help="MB/min of RSS after warm-up that fails the run")
+    ap.add_argument("--rounds", type=int, default=10,
+                    help="after the load, rounds of the same requests (each client its share of the pool), RSS at "
+                         "idle after each: the leak check")
+    ap.add_argument("--max-growth", type=float, default=16.0,
+                    help="RSS growth per request (KB; over the rounds after the first 3, the largest step left "
+                         "out) that fails the run")
     ap.add_argument("--out", default=None, help="summary JSON (default: bench/soak/soak-<minutes>min.json)")
     args = ap.parse_args(argv)
 
@@ -312,6 +354,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     load_seconds = time.monotonic() - t0
     alive_after_load = proc.poll() is None
 
+    # the leak check: the same schedule round after round, RSS at idle; judged over the later half of the rounds
+    t_rounds = time.monotonic()
+    round_rss = rounds(base, specs, args.rounds, args.parallel, proc.pid, tally) if alive_after_load else []
+    rounds_seconds = time.monotonic() - t_rounds
+    growth = round_growth_kb_per_request(round_rss)
+
     # every greedy answer under load against the same request alone
     mismatches = []
     n_compared = 0
@@ -336,7 +384,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # warm-up: the first half of the load, at most 2 minutes (slots fill, each method's graphs are built once)
     warm = [x for x in rss if x[0] >= min(120.0, load_seconds / 2)]
-    slope = slope_mb_per_min(warm)
+    slope = 60 * least_squares_slope(warm)
     n_5xx = sum(n for status, n in tally.statuses.items() if status.startswith("5"))
     summary = {
         "minutes": args.minutes, "load_seconds": round(load_seconds, 1), "parallel": args.parallel,
@@ -348,11 +396,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         "greedy_requests_compared": n_compared, "greedy_mismatches": mismatches,
         "rss_mb_first": rss[0][1] if rss else None, "rss_mb_last": rss[-1][1] if rss else None,
         "rss_slope_mb_per_min_after_warmup": round(slope, 3), "rss_samples": [(round(t, 1), round(r, 1)) for t, r in rss],
+        "rounds": len(round_rss), "rounds_seconds": round(rounds_seconds, 1),
+        "rounds_rss_kb_per_request": round(growth, 2),
+        "rounds_rss": [(q, round(r, 1)) for q, r in round_rss],
         "metrics": metrics, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(),
     }
     ok = (n_5xx == 0 and not failures and not tally.failures and summary["server_alive"] and not mismatches
-          and abs(slope) <= args.max_slope)
+          and abs(slope) <= args.max_slope and len(round_rss) == args.rounds and growth <= args.max_growth)
     summary["passed"] = ok
     out.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k not in ("rss_samples", "metrics")}, indent=1))
