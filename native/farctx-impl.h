@@ -50,8 +50,8 @@ struct farctx_method_ops {
     /* the graph settings of a batch of n_tokens at pos past the plain range (ex holds the method's) */
     void    (*batch_params)(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
                             struct llama_attn_extrap_params * ex);
-    /* before llama_decode of the batch at pos (NULL: nothing) */
-    int32_t (*before_decode)(struct farctx_session * s, int64_t pos);
+    /* before llama_decode of the batch of n_tokens at pos (NULL: nothing) */
+    int32_t (*before_decode)(struct farctx_session * s, int64_t pos, int32_t n_tokens);
     /* the stream is cut to n_keep: FARCTX_OK, or FARCTX_ERR_REPLAY if it cannot be (NULL: always can) */
     int32_t (*rewind)(struct farctx_session * s, int64_t n_keep);
     /* the method's counters */

@@ -10,17 +10,25 @@
  *                                  and the own keys back by s_k - F, without rotating the cache
  *   last chunk [F + N C, n) and every later token: sees everything, keys at stair positions g(j)
  *                                  (once n_kv > L_tr), query at its true index, scaled by
- *                                  max(1, ln(i+1) / ln(L_tr)). From S - 1 on (the last chunk's tail, or
- *                                  all of it, and every generated token) the graph reads the cache as
- *                                  is: before, the cached keys are rotated in place to the stair
+ *                                  max(1, ln(i+1) / ln(L_tr)). A batch of at most MESA_IN_PLACE_MAX
+ *                                  tokens from S - 1 on (every generated token) reads the cache as is:
+ *                                  before, the cached keys are rotated in place to the stair
  *                                  (llama_memory_seq_rotate_k), again only when the boundary moves
- *                                  (every C tokens); the cell positions stay true. Last-chunk queries
- *                                  below S - 1 rotate a copy (their own keys need stair positions)
+ *                                  (every C tokens); the cell positions stay true. Any other batch of
+ *                                  the last chunk (a prompt's ubatches) rotates a copy of the keys in its
+ *                                  own graph, from where the cache holds them to the stair: no K-shift
+ *                                  graph of its own, and no split at S - 1
  */
 #include "farctx-impl.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+/* from S - 1 on, a batch of at most this many tokens (generated tokens) reads the cache rotated in place: the
+ * rotation is paid once per C tokens instead of in every graph. A larger batch rotates a copy of the keys in its
+ * own graph (n_kv x n_head_kv x head_dim per layer, under 1/30 of the attention it feeds), which spares a
+ * K-shift graph (a graph of its own, built on the host) per stair move and the split at S - 1 */
+#define MESA_IN_PLACE_MAX 16
 
 /* the plan of the current prompt and the cache's rotation (per session: no module-level state) */
 struct farctx_mesa {
@@ -33,8 +41,9 @@ struct farctx_mesa {
     int32_t n_stair_moves;  /* times the boundary moved forward                */
     /* from S - 1 on (the last chunk's tail, generated tokens) the graph reads the cache as is, its keys
      * rotated in place to their stair positions. rot_S: the stair boundary the cached keys sit at (key j
-     * at stair_pos(j, rot_S); 0: true positions). It holds for every cell: cells written later sit at or
-     * above the batch's S - 1, where the stair is the identity, and a rewind only removes cells */
+     * at stair_pos(j, rot_S); 0: true positions). It holds for every cell: cells are written at or above
+     * rot_S - 1, where the stair is the identity (rotate_cache keeps rot_S <= pos + 1), and a rewind only
+     * removes cells */
     int64_t rot_S;
     int32_t * k_step;       /* scratch: the rotation to apply per position */
     int32_t n_cache_rotations; /* times the cache was rotated in place         */
@@ -132,37 +141,33 @@ static int64_t segment_end(const struct farctx_session * s, int64_t i) {
     if (m->chunked && i < F + m->N * m->C) {
         return F + ((i - F) / m->C + 1) * m->C;
     }
-    if (i < m->n && !m->chunked) {
-        return m->n;
+    if (i < m->n) {
+        return m->n;  /* an unchunked prompt, or a chunked one's last chunk: one n_kv (the prompt's), one stair */
     }
-    /* the stair boundary moves when (n_kv - 1) mod C wraps, and starts once n_kv > L_tr */
+    /* later tokens: the stair boundary moves when (n_kv - 1) mod C wraps, and starts once n_kv > L_tr */
     int64_t end = (i / m->C + 1) * m->C;
     if (i < p->n_ctx_train && p->n_ctx_train < end) {
         end = p->n_ctx_train;
     }
-    if (m->chunked && i < m->n && m->n < end) {
-        end = m->n;
-    }
-    /* a last chunk that starts below its stair boundary: the queries below S - 1 rotate a copy of the
-     * keys (their own keys need stair positions), the ones from S - 1 on read the cache rotated in place */
-    const struct mesa_row r = mesa_row(s, i);
-    if (r.kind == 2 && i < r.S - 1 && r.S - 1 < end) {
-        end = r.S - 1;
-    }
     return end;
 }
 
-/* a batch in the stair regime whose own keys (positions >= pos) all sit at their true positions (g(j) = j
- * from S - 1 on): the cache holds the stair, the graph reads it as is. Every generated token (S <= i + 1),
- * and the last chunk from S - 1 on */
-static bool stair_in_place(struct mesa_row r, int64_t pos) {
-    return r.kind == 2 && pos >= r.S - 1;
+/* a small batch in the stair regime whose own keys (positions >= pos) all sit at their true positions (g(j) = j
+ * from S - 1 on): the cache holds the stair, the graph reads it as is. Every generated token (S <= i + 1) */
+static bool stair_in_place(struct mesa_row r, int64_t pos, int32_t n_tokens) {
+    return r.kind == 2 && pos >= r.S - 1 && n_tokens <= MESA_IN_PLACE_MAX;
 }
 
-static int32_t rotate_cache(struct farctx_session * s, int64_t pos) {
+static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
     struct farctx_mesa * m = mesa_of(s);
     const struct mesa_row r = mesa_row(s, pos);
-    const int64_t S = stair_in_place(r, pos) ? r.S : 0;  /* the stair this batch reads; 0: true positions */
+    int64_t S = 0;  /* the stair the cache should hold for this batch; 0: true positions */
+    if (stair_in_place(r, pos, n_tokens)) {
+        S = r.S;
+    } else if (r.kind == 2 && m->rot_S <= pos + 1) {
+        return FARCTX_OK;  /* key deltas from where the cache holds the keys; its new cells are exact */
+    }
+    /* otherwise the graph reads true positions: the stock graph, a middle chunk (or a rewind below rot_S) */
     if (S == m->rot_S) {
         return FARCTX_OK;  /* the usual case: nothing to do until the stair moves (every C tokens) */
     }
@@ -182,9 +187,8 @@ static int32_t rotate_cache(struct farctx_session * s, int64_t pos) {
 }
 
 static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n_tokens, struct llama_attn_extrap_params * ex) {
-    (void) n_tokens;
     const struct mesa_row r = mesa_row(s, pos);
-    if (stair_in_place(r, pos)) {
+    if (stair_in_place(r, pos, n_tokens)) {
         ex->use_k_delta = false;  /* rotate_cache put the keys at their stair positions */
         return;
     }
@@ -254,9 +258,10 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         }
     }
     /* the settings of batch_params: two segments for a middle chunk, the scale and key deltas
-     * otherwise (no key deltas where the cache holds the stair) */
-    const bool in_place = stair_in_place(r, ub->q_pos[0]);
-    if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->q_scale == NULL || in_place != (ub->k_delta == NULL))) {
+     * otherwise (no key deltas where the cache holds this batch's stair) */
+    struct farctx_mesa * m = mesa_of(s);
+    const bool in_place = r.kind == 2 && ub->q_pos[0] >= r.S - 1 && m->rot_S == r.S;
+    if (r.kind == 1 ? ub->n_seg2 <= 0 : (ub->q_scale == NULL || (ub->k_delta == NULL && !in_place))) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "mesa: the context's attention settings do not match the chunk at "
                             "%lld (set them per batch as farctx_session_feed does)", (long long) ub->q_pos[0]);
@@ -275,19 +280,21 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         const double lam = log((double) i + 1.0) / log_train;
         ub->q_scale[t] = (r.kind == 2 && lam > 1.0) ? (float) lam : 1.0f;
     }
+    /* from where the cache holds key j (stair_pos(j, rot_S), exact for the cells written since) to where this
+     * batch reads it */
     for (int32_t c = 0; ub->k_delta != NULL && c < ub->n_kv; ++c) {
         const int64_t j = ub->kv_pos[c];
         int64_t delta = 0;
-        if (j >= 0 && r.kind == 2) {
-            delta = stair_pos(j, r.S, p->stair_width) - j;
+        if (j >= 0) {
+            delta = (r.kind == 2 ? stair_pos(j, r.S, p->stair_width) : j) - stair_pos(j, m->rot_S, p->stair_width);
         }
         ub->k_delta[c] = (int32_t) delta;
     }
-    if (r.kind == 2 && r.S != mesa_of(s)->last_S) {
-        if (mesa_of(s)->last_S >= 0) {
-            mesa_of(s)->n_stair_moves++;  /* (n_kv - 1) mod C wrapped: the stair moved forward by C */
+    if (r.kind == 2 && r.S != m->last_S) {
+        if (m->last_S >= 0) {
+            m->n_stair_moves++;  /* (n_kv - 1) mod C wrapped: the stair moved forward by C */
         }
-        mesa_of(s)->last_S = r.S;
+        m->last_S = r.S;
     }
     return 0;
 }

@@ -195,8 +195,9 @@ static struct llama_attn_extrap_params chunk_params(const struct farctx_session 
     return ex;
 }
 
-/* before a llama_decode of the stream: evict the keys no query reads again (fixed cache), the method's own step */
-static int32_t begin_chunk(struct farctx_session * s) {
+/* before a llama_decode of n tokens of the stream: evict the keys no query reads again (fixed cache), the method's
+ * own step */
+static int32_t begin_chunk(struct farctx_session * s, int32_t n) {
     if (fixed_cache(s)) {
         /* keys that no query from here on reads: positions [n_global, first needed) */
         const int64_t first = first_needed(s, s->n_past);
@@ -208,7 +209,7 @@ static int32_t begin_chunk(struct farctx_session * s) {
             s->evicted_to = first;
         }
     }
-    return s->ops->before_decode != NULL ? s->ops->before_decode(s, s->n_past) : FARCTX_OK;
+    return s->ops->before_decode != NULL ? s->ops->before_decode(s, s->n_past, n) : FARCTX_OK;
 }
 
 /* the context runs ex (with its callback) for the next llama_decode */
@@ -278,7 +279,7 @@ int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, i
         }
 
         const struct llama_attn_extrap_params ex = chunk_params(s, n);
-        rc = begin_chunk(s);
+        rc = begin_chunk(s, n);
         if (rc == FARCTX_OK) {
             rc = use_params(s, &ex);
         }
@@ -433,7 +434,7 @@ int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessio
                 batch.seq_id[b][0] = s->seq;
                 batch.logits[b]    = done[i] + t == n_tokens[i] - 1;
             }
-            rc = begin_chunk(s);
+            rc = begin_chunk(s, n);
             bad = i;
         }
         struct farctx_group group = { members, n_members };

@@ -136,6 +136,38 @@ def test_mesa_rewind_rotates_the_cache_back(tiny_model, oracle, kv):
     decode_tolerance(tol, type_k, total).check(again, ref, f"mesa after the rewind {kv_id(kv)}")
 
 
+@pytest.mark.parametrize("kv", KV_CONFIGS, ids=kv_id)
+def test_mesa_second_prompt_reads_the_rotated_cache_through_deltas(tiny_model, oracle, kv):
+    """A chunked prompt, generated tokens (the cache rotated in place to the stair), then a second prompt of 53
+    tokens in one feed: [110, 120) reads the cache as is (10 tokens, the same stair), [120, 144) and [144, 163)
+    (past two stair moves; C = 24) rotate a copy of the keys from where the cache holds them, and the cache is
+    not rotated; then generated tokens again (rotated in place): every row equals the oracle."""
+    type_k, type_v, fa = kv
+    n_prompt, n_gen, n_second = 100, 10, 53
+    tokens = random_tokens(n_prompt + 2 * n_gen + n_second, seed=13)
+    ref = oracle.logits(tokens, mesa_rule(len(tokens), n_prompt, L_TR, **MESA))
+    llm = farctx.Llama(str(tiny_model), method="mesa", n_ctx=256, n_batch=64, n_ubatch=64, logits_all=True,
+                       type_k=type_k, type_v=type_v, flash_attn=fa, **MESA)
+    try:
+        llm.eval(tokens[:n_prompt])
+        assert llm.stats()["n_cache_rotations"] == 0  # the last chunk's batches read through key deltas
+        for t in tokens[n_prompt:n_prompt + n_gen]:
+            llm.eval([t])
+        rotated = llm.stats()["n_cache_rotations"]
+        assert rotated >= 1
+        moves = llm.stats()["n_stair_moves"]
+        llm.eval(tokens[n_prompt + n_gen:n_prompt + n_gen + n_second])
+        assert llm.stats()["n_stair_moves"] > moves and llm.stats()["n_cache_rotations"] == rotated
+        for t in tokens[n_prompt + n_gen + n_second:]:
+            llm.eval([t])
+        total = llm.stats()["n_cache_rotations"]
+        assert total > rotated
+        got = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    finally:
+        llm.close()
+    decode_tolerance(tolerance(type_k, type_v, fa), type_k, total).check(got, ref, f"mesa second prompt {kv_id(kv)}")
+
+
 SELFEXTEND = dict(group=4, neighbor=8)
 
 

@@ -9,7 +9,8 @@ host time = wall time of the `Llama.eval` calls - time inside compute. Prefill i
 half of the prompt (the steady state: the first half settles each method's regime, and a regime
 switch re-reserves llama.cpp's compute buffers once, reported apart as `warmup_host_us`). Stock is llama-cpp-python's
 `Llama` on the unpatched library (build/cmake-stock), ours is `farctx.Llama`; both feed the same
-tokens with the same n_batch = n_ubatch, then decode one token per call.
+tokens with the same n_batch = n_ubatch, then decode one token per call; the first decoded token (where a
+method switches to its decoding graph once per stream) is reported apart, the rest per token.
 
     .venv/bin/python bench/host/host_time.py                       # defaults below, table on stdout
     .venv/bin/python bench/host/host_time.py --json bench/host/host_time.json
@@ -84,8 +85,12 @@ def worker(cfg: dict) -> dict:
     wall_w, comp_w, graphs_w = timed(lambda: llm.eval(tokens[:warm]))
     wall_p, comp_p, graphs_p = timed(lambda: llm.eval(tokens[warm:length]))
 
+    # the first decoded token apart: where a method switches from its prompt's graph to its decoding one (a
+    # reservation of the new setting, mesa's first in-place rotation of the cache), once per stream
+    wall_f, comp_f, _ = timed(lambda: llm.eval([tokens[length]]))
+
     def decode() -> None:
-        for t in tokens[length:]:
+        for t in tokens[length + 1:]:
             llm.eval([t])
 
     wall_d, comp_d, graphs_d = timed(decode)
@@ -94,8 +99,9 @@ def worker(cfg: dict) -> dict:
         "prefill_host_us_per_ubatch": (wall_p - comp_p) / n_ubatches,
         "prefill_compute_us_per_ubatch": comp_p / n_ubatches,
         "warmup_host_us": wall_w - comp_w,
-        "decode_host_us_per_token": (wall_d - comp_d) / n_gen,
-        "decode_compute_us_per_token": comp_d / n_gen,
+        "decode_host_us_per_token": (wall_d - comp_d) / (n_gen - 1),
+        "decode_compute_us_per_token": comp_d / (n_gen - 1),
+        "first_token_host_us": wall_f - comp_f,
         "graphs_prefill": graphs_p,
         "graphs_decode": graphs_d,
     }
@@ -151,7 +157,7 @@ def main() -> None:
                 print(f"rep {rep + 1}/{args.reps} {regime:<6} {method:<10} done", file=sys.stderr, flush=True)
 
     keys = ["prefill_host_us_per_ubatch", "decode_host_us_per_token", "prefill_compute_us_per_ubatch",
-            "decode_compute_us_per_token", "warmup_host_us"]
+            "decode_compute_us_per_token", "warmup_host_us", "first_token_host_us"]
     table = []
     for regime in ("inside", "past"):
         stock = {k: statistics.median(s[k] for s in samples[("stock", regime)]) for k in keys}
@@ -165,13 +171,13 @@ def main() -> None:
           f"{args.n_gen} decoded, -fa {args.flash_attn}, -t {args.threads}; past: n_ctx_train {args.past_n_ctx_train})")
     print()
     print("| regime | method | host us / ubatch | x stock | host us / token | x stock | compute us / ubatch | "
-          "compute us / token | first half: host ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "compute us / token | first half: host ms | first token: host ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['regime']} | {r['method']} | {r['prefill_host_us_per_ubatch']:.0f} | {r['prefill_host_ratio']:.2f} | "
               f"{r['decode_host_us_per_token']:.0f} | {r['decode_host_ratio']:.2f} | "
               f"{r['prefill_compute_us_per_ubatch']:.0f} | {r['decode_compute_us_per_token']:.0f} | "
-              f"{r['warmup_host_us'] / 1e3:.1f} |")
+              f"{r['warmup_host_us'] / 1e3:.1f} | {r['first_token_host_us'] / 1e3:.1f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": table}, indent=1))
 
