@@ -39,8 +39,8 @@ struct farctx_mesa {
     int64_t N;              /* middle chunks                                   */
     int64_t last_S;         /* stair boundary of the last ubatch (-1: none)    */
     int32_t n_stair_moves;  /* times the boundary moved forward                */
-    /* from S - 1 on (the last chunk's tail, generated tokens) the graph reads the cache as is, its keys
-     * rotated in place to their stair positions. rot_S: the stair boundary the cached keys sit at (key j
+    /* generated tokens (batches of at most MESA_IN_PLACE_MAX from S - 1 on) read the cache as is, its keys
+     * rotated in place to their stair positions; larger batches read them through key deltas from there. rot_S: the stair boundary the cached keys sit at (key j
      * at stair_pos(j, rot_S); 0: true positions). It holds for every cell: cells are written at or above
      * rot_S - 1, where the stair is the identity (rotate_cache keeps rot_S <= pos + 1), and a rewind only
      * removes cells */
