@@ -201,15 +201,15 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def least_squares_slope(samples: list[tuple[float, float]]) -> float:
-    """Slope of y over x, fitted by least squares (0 with fewer than 3 points)."""
+def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB), in MB per minute."""
     if len(samples) < 3:
         return 0.0
     n = len(samples)
-    mx = sum(x for x, _ in samples) / n
-    my = sum(y for _, y in samples) / n
-    var = sum((x - mx) ** 2 for x, _ in samples)
-    return sum((x - mx) * (y - my) for x, y in samples) / var if var else 0.0
+    mt = sum(t for t, _ in samples) / n
+    mr = sum(r for _, r in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    return 60 * sum((t - mt) * (r - mr) for t, r in samples) / var if var else 0.0
 
 
 def rounds(base: str, specs: list[Spec], n_rounds: int, n_threads: int, pid: int,
@@ -354,7 +354,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     load_seconds = time.monotonic() - t0
     alive_after_load = proc.poll() is None
 
-    # the leak check: the same schedule round after round, RSS at idle; judged over the later half of the rounds
+    # the leak check: the same schedule round after round, RSS at idle; judged after the first 3 rounds
     t_rounds = time.monotonic()
     round_rss = rounds(base, specs, args.rounds, args.parallel, proc.pid, tally) if alive_after_load else []
     rounds_seconds = time.monotonic() - t_rounds
@@ -384,7 +384,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # warm-up: the first half of the load, at most 2 minutes (slots fill, each method's graphs are built once)
     warm = [x for x in rss if x[0] >= min(120.0, load_seconds / 2)]
-    slope = 60 * least_squares_slope(warm)
+    slope = slope_mb_per_min(warm)
     n_5xx = sum(n for status, n in tally.statuses.items() if status.startswith("5"))
     summary = {
         "minutes": args.minutes, "load_seconds": round(load_seconds, 1), "parallel": args.parallel,
