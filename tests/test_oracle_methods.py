@@ -165,3 +165,43 @@ def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, 
     assert max(decode_views) > n_local + N_GLOBAL + 1, "no free cell in view"
     tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
                                     f"{method} decode over {sorted(set(decode_views))} cells")
+
+
+@pytest.mark.parametrize("method", ["lminf", "streaming"])
+def test_decode_over_a_full_view_merges_two_flash_attentions(tiny_model, oracle, tmp_path, monkeypatch, method):
+    """A fixed cache whose live cells are a whole number of 256-cell blocks (streaming's default 4 + 2044 = 2048)
+    has, after a prompt of that length, every cell in view in use, and each decoded token takes the cell that
+    its eviction just freed: no free cell in view, ever. One query there goes through two flash-attention calls
+    over views of the cache, merged by log-sum-exp in the kernel (patches 0015/0016), not through a copy of every
+    cell per token (patch 0007's concatenation, which ran streaming's decode at about half of window's). The decoded
+    tokens equal the oracle's and the layout log shows the path: decode nodes with lse=1 over cache views whose
+    cells are all live."""
+    from helpers import F16, gpu_layers
+    from test_fa_layout import parse_log
+
+    head = N_SINK if method == "streaming" else N_GLOBAL
+    n_local = 256 - head
+    n_prefill, n = 256, 296
+    tokens = random_tokens(n, seed=23)
+    if method == "streaming":
+        kwargs, ref_rule = dict(n_local=n_local, n_sink=N_SINK), method_rule(method, n, n_local, n_sink=N_SINK)
+    else:
+        kwargs, ref_rule = dict(n_local=n_local, n_global=N_GLOBAL), method_rule(method, n, n_local, N_GLOBAL)
+    log = tmp_path / "fa.log"
+    monkeypatch.setenv("FARCTX_FA_LAYOUT_LOG", str(log))
+    got = engine_logits(tiny_model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
+                        method=method, n_ctx=256 + 64, n_threads=2, **kwargs)
+    tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
+                                    f"{method} decode over a full view")
+    if gpu_layers():
+        return  # a GPU cache has no log-sum-exp path: patch 0007's concatenation (exact, checked above)
+    decode = [node for node in parse_log(log) if node.mode == 1 and node.ops["q"].ne[1] == 1]
+    seen = [(n.lse, n.ops["k"].origin, n.ops["k"].ne[1]) for n in decode]
+    # the first decoded token may still find free cells in view (the free cells of patch 0012); from then on the
+    # main segment's view is every cell after the head ones, 256 in view, all live
+    # (the log has a line per node built; a graph is built once and reused while its shape holds)
+    main = [node for node in decode if node.ops["k"].ne[1] != head]
+    full = [node for node in main if node.lse]
+    assert full and main[-1].lse and all(node.ops["k"].origin == "cache" for node in full), f"decode nodes {seen}"
+    assert {node.ops["k"].ne[1] for node in full} == {256 - head}, f"decode nodes {seen}"
+    assert not any(node.ops["k"].origin == "CONCAT" for node in decode), f"decode nodes {seen}"
