@@ -140,6 +140,24 @@ def test_lminf_with_several_kv_heads(gqa_model, kv, n_ubatch):
     tolerance(type_k, type_v, fa).check(got, ref, f"gqa lminf {kv_id(kv)} ubatch {n_ubatch}")
 
 
+def _fixed_cache_f16_fa(model, tmp_path, monkeypatch, method: str, tokens: list[int], n_prefill: int, n_local: int, *,
+                        n_ctx: int, n_threads: int):
+    """lminf (default globals) or streaming (default sinks) with n_local over an F16 cache with flash attention,
+    ubatch 64, the flash-attention layout log on: the engine's logits, the oracle's rule, the log's path."""
+    from helpers import F16
+
+    n = len(tokens)
+    if method == "streaming":
+        kwargs, ref_rule = dict(n_local=n_local, n_sink=N_SINK), method_rule(method, n, n_local, n_sink=N_SINK)
+    else:
+        kwargs, ref_rule = dict(n_local=n_local, n_global=N_GLOBAL), method_rule(method, n, n_local, N_GLOBAL)
+    log = tmp_path / "fa.log"
+    monkeypatch.setenv("FARCTX_FA_LAYOUT_LOG", str(log))
+    got = engine_logits(model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
+                        method=method, n_ctx=n_ctx, n_threads=n_threads, **kwargs)
+    return got, ref_rule, log
+
+
 @pytest.mark.parametrize("method", ["lminf", "streaming"])
 def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, oracle, tmp_path, monkeypatch,
                                                                     method):
@@ -152,14 +170,8 @@ def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, 
 
     n, n_prefill, n_local = 1400, 1360, 600
     tokens = random_tokens(n, seed=17)
-    if method == "streaming":
-        kwargs, ref_rule = dict(n_local=n_local, n_sink=N_SINK), method_rule(method, n, n_local, n_sink=N_SINK)
-    else:
-        kwargs, ref_rule = dict(n_local=n_local, n_global=N_GLOBAL), method_rule(method, n, n_local, N_GLOBAL)
-    log = tmp_path / "fa.log"
-    monkeypatch.setenv("FARCTX_FA_LAYOUT_LOG", str(log))
-    got = engine_logits(tiny_model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
-                        method=method, n_ctx=2048, n_threads=4, **kwargs)
+    got, ref_rule, log = _fixed_cache_f16_fa(tiny_model, tmp_path, monkeypatch, method, tokens, n_prefill, n_local,
+                                             n_ctx=2048, n_threads=4)
     decode_views = [node.ops["k"].ne[1] for node in parse_log(log) if node.mode == 1 and node.ops["q"].ne[1] == 1]
     assert decode_views and min(decode_views) >= 512, f"decode views {sorted(set(decode_views))}: no split-KV path"
     assert max(decode_views) > n_local + N_GLOBAL + 1, "no free cell in view"
@@ -183,14 +195,8 @@ def test_decode_over_a_full_view_merges_two_flash_attentions(tiny_model, oracle,
     n_local = 256 - head
     n_prefill, n = 256, 296
     tokens = random_tokens(n, seed=23)
-    if method == "streaming":
-        kwargs, ref_rule = dict(n_local=n_local, n_sink=N_SINK), method_rule(method, n, n_local, n_sink=N_SINK)
-    else:
-        kwargs, ref_rule = dict(n_local=n_local, n_global=N_GLOBAL), method_rule(method, n, n_local, N_GLOBAL)
-    log = tmp_path / "fa.log"
-    monkeypatch.setenv("FARCTX_FA_LAYOUT_LOG", str(log))
-    got = engine_logits(tiny_model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
-                        method=method, n_ctx=256 + 64, n_threads=2, **kwargs)
+    got, ref_rule, log = _fixed_cache_f16_fa(tiny_model, tmp_path, monkeypatch, method, tokens, n_prefill, n_local,
+                                             n_ctx=256 + 64, n_threads=2)
     tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
                                     f"{method} decode over a full view")
     if gpu_layers():
