@@ -18,6 +18,12 @@ method switches to its decoding graph once per stream) is reported apart, the re
 Two regimes: `inside` (the stream fits the trained context: every method runs the stock graph) and
 `past` (--n-ctx-train smaller than the stream, so the methods run their own graphs; stock runs the
 same length, which it can, since the model's real context is larger).
+
+`--instructions` counts instead of timing: every worker runs under valgrind's callgrind with the graphs
+not computed (FARCTX_HOST_SHIM_SKIP_COMPUTE=1), and the table gives the instructions of the host work
+per prefill ubatch and per decoded token. Repeatable to a fraction of a percent where wall times on
+shared cores scatter by 10-30%, but blind to memory stalls (a fresh mask's page faults, cold caches).
+Needs valgrind (Debian `valgrind`, which also brings the header the shim is built with).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,6 +59,8 @@ def worker(cfg: dict) -> dict:
     compute_ns.restype = ctypes.c_uint64
     calls = shim.farctx_host_shim_compute_calls
     calls.restype = ctypes.c_uint64
+    count = shim.farctx_host_shim_count  # callgrind's counting (--instructions); a no-op outside valgrind
+    count.argtypes = [ctypes.c_int, ctypes.c_char_p]
 
     length, n_gen, ub = cfg["length"], cfg["n_gen"], cfg["n_ubatch"]
     common = dict(n_batch=ub, n_ubatch=ub, n_threads=cfg["threads"], verbose=False,
@@ -71,11 +80,15 @@ def worker(cfg: dict) -> dict:
         llm = farctx.Llama(cfg["model"], method=cfg["method"], **kwargs)
     tokens = list(range(1000, 1000 + length + n_gen))  # any valid ids: host time does not depend on them
 
-    def timed(fn) -> tuple[float, float, int]:
+    def timed(fn, name: str = "") -> tuple[float, float, int]:
         c0, n0 = compute_ns(), calls()
+        if name:
+            count(1, None)
         t0 = time.perf_counter_ns()
         fn()
         wall = time.perf_counter_ns() - t0
+        if name:
+            count(0, name.encode())
         return wall / 1e3, (compute_ns() - c0) / 1e3, calls() - n0
 
     # the first half of the prompt settles the regime (a method switches from the stock graph to its own
@@ -83,7 +96,7 @@ def worker(cfg: dict) -> dict:
     # a long prompt lives in
     warm = (length // 2) // ub * ub
     wall_w, comp_w, graphs_w = timed(lambda: llm.eval(tokens[:warm]))
-    wall_p, comp_p, graphs_p = timed(lambda: llm.eval(tokens[warm:length]))
+    wall_p, comp_p, graphs_p = timed(lambda: llm.eval(tokens[warm:length]), "prefill")
 
     # the first decoded token apart: where a method switches from its prompt's graph to its decoding one (a
     # reservation of the new setting, mesa's first in-place rotation of the cache), once per stream
@@ -93,7 +106,7 @@ def worker(cfg: dict) -> dict:
         for t in tokens[length + 1:]:
             llm.eval([t])
 
-    wall_d, comp_d, graphs_d = timed(decode)
+    wall_d, comp_d, graphs_d = timed(decode, "decode")
     n_ubatches = -(-(length - warm) // ub)
     return {
         "prefill_host_us_per_ubatch": (wall_p - comp_p) / n_ubatches,
@@ -104,18 +117,44 @@ def worker(cfg: dict) -> dict:
         "first_token_host_us": wall_f - comp_f,
         "graphs_prefill": graphs_p,
         "graphs_decode": graphs_d,
+        "n_ubatches": n_ubatches,
     }
 
 
 # ------------------------------------------------------------------------------------ driver
 
-def run_one(cfg: dict) -> dict:
+def callgrind_counts(out_dir: Path) -> dict[str, int]:
+    """Instructions per named dump (farctx_host_shim_count) in callgrind's output files."""
+    counts: dict[str, int] = {}
+    for f in out_dir.glob("cg.out*"):
+        name, total = None, None
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("desc: Trigger: Client Request: "):
+                name = line.rsplit(": ", 1)[1].strip()
+            elif line.startswith(("summary: ", "totals: ")):
+                total = int(line.split()[1])
+        if name and total is not None:
+            counts[name] = total
+    return counts
+
+
+def run_one(cfg: dict, instructions: bool = False) -> dict:
     env = dict(os.environ, LD_PRELOAD=str(SHIM), PYTHONPATH=str(ROOT / "pyext"))
     if cfg["method"] == "stock":
         env["LLAMA_CPP_LIB_PATH"] = str(ROOT / "build" / "cmake-stock" / "bin")
-    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, check=True,
-                         capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, __file__, "--worker", json.dumps(cfg)]
+    if not instructions:
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    env["FARCTX_HOST_SHIM_SKIP_COMPUTE"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        vg = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={tmp}/cg.out"]
+        out = subprocess.run(vg + cmd, env=env, check=True, capture_output=True, text=True)
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        counts = callgrind_counts(Path(tmp))
+    res["prefill_instr_per_ubatch"] = counts["prefill"] / res["n_ubatches"]
+    res["decode_instr_per_token"] = counts["decode"] / (cfg["n_gen"] - 1)
+    return res
 
 
 def main() -> None:
@@ -132,6 +171,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-fa", "--flash-attn", default="off", choices=["on", "off"])
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count the host work's instructions under callgrind (graphs not computed) instead of timing")
     args = ap.parse_args()
 
     if args.worker:
@@ -153,9 +194,12 @@ def main() -> None:
                 cfg = dict(base, method=method)
                 if regime == "past" and method != "stock":
                     cfg["n_ctx_train"] = args.past_n_ctx_train
-                samples.setdefault((method, regime), []).append(run_one(cfg))
+                samples.setdefault((method, regime), []).append(run_one(cfg, args.instructions))
                 print(f"rep {rep + 1}/{args.reps} {regime:<6} {method:<10} done", file=sys.stderr, flush=True)
 
+    if args.instructions:
+        print_instructions(args, samples, methods)
+        return
     keys = ["prefill_host_us_per_ubatch", "decode_host_us_per_token", "prefill_compute_us_per_ubatch",
             "decode_compute_us_per_token", "warmup_host_us", "first_token_host_us"]
     table = []
@@ -178,6 +222,29 @@ def main() -> None:
               f"{r['decode_host_us_per_token']:.0f} | {r['decode_host_ratio']:.2f} | "
               f"{r['prefill_compute_us_per_ubatch']:.0f} | {r['decode_compute_us_per_token']:.0f} | "
               f"{r['warmup_host_us'] / 1e3:.1f} | {r['first_token_host_us'] / 1e3:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": table}, indent=1))
+
+
+def print_instructions(args: argparse.Namespace, samples: dict[tuple[str, str], list[dict]], methods: list[str]) -> None:
+    keys = ["prefill_instr_per_ubatch", "decode_instr_per_token"]
+    table = []
+    for regime in ("inside", "past"):
+        stock = {k: statistics.median(s[k] for s in samples[("stock", regime)]) for k in keys}
+        for method in ["stock"] + methods:
+            med = {k: statistics.median(s[k] for s in samples[(method, regime)]) for k in keys}
+            graphs = statistics.median(s["graphs_prefill"] for s in samples[(method, regime)])
+            table.append({"regime": regime, "method": method, **med, "graphs_prefill": graphs,
+                          "prefill_ratio": med[keys[0]] / stock[keys[0]], "decode_ratio": med[keys[1]] / stock[keys[1]]})
+    print(f"host work in instructions (callgrind, graphs not computed), medians of {args.reps} (prompt {args.length}, "
+          f"ubatch {args.n_ubatch}, {args.n_gen} decoded, -fa {args.flash_attn}, -t {args.threads}; past: n_ctx_train "
+          f"{args.past_n_ctx_train})")
+    print()
+    print("| regime | method | M instr / ubatch | x stock | k instr / token | x stock | graphs, second half |")
+    print("|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['regime']} | {r['method']} | {r['prefill_instr_per_ubatch'] / 1e6:.2f} | {r['prefill_ratio']:.2f} | "
+              f"{r['decode_instr_per_token'] / 1e3:.0f} | {r['decode_ratio']:.2f} | {r['graphs_prefill']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": table}, indent=1))
 
