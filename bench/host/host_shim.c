@@ -59,6 +59,15 @@ int ggml_backend_sched_graph_compute_async(void * sched, void * graph) {
 uint64_t farctx_host_shim_compute_ns(void) { return compute_ns; }
 uint64_t farctx_host_shim_compute_calls(void) { return compute_calls; }
 
+/* 1 when built with valgrind's headers: farctx_host_shim_count counts under callgrind */
+int farctx_host_shim_can_count(void) {
+#ifdef FARCTX_HAVE_CALLGRIND
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* 1: without valgrind's headers at build time, counting is not available */
 int farctx_host_shim_count(int on, const char * name) {
 #ifdef FARCTX_HAVE_CALLGRIND

@@ -32,6 +32,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,9 @@ def worker(cfg: dict) -> dict:
             kwargs["n_ctx"] = length + n_gen
         llm = farctx.Llama(cfg["model"], method=cfg["method"], **kwargs)
     tokens = list(range(1000, 1000 + length + n_gen))  # any valid ids: host time does not depend on them
+
+    if os.environ.get("FARCTX_HOST_SHIM_SKIP_COMPUTE") == "1" and not shim.farctx_host_shim_can_count():
+        raise SystemExit("host_time: the shim was built without valgrind's headers (Debian package valgrind)")
 
     def timed(fn, name: str = "") -> tuple[float, float, int]:
         c0, n0 = compute_ns(), calls()
@@ -179,6 +183,8 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
 
+    if args.instructions and shutil.which("valgrind") is None:
+        ap.error("--instructions needs valgrind (Debian package valgrind)")
     sys.path.insert(0, str(ROOT / "pyext"))
     import farctx
 
