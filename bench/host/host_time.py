@@ -147,18 +147,31 @@ def run_one(cfg: dict, instructions: bool = False) -> dict:
     if cfg["method"] == "stock":
         env["LLAMA_CPP_LIB_PATH"] = str(ROOT / "build" / "cmake-stock" / "bin")
     cmd = [sys.executable, __file__, "--worker", json.dumps(cfg)]
-    if not instructions:
-        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    env["FARCTX_HOST_SHIM_SKIP_COMPUTE"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
-        vg = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={tmp}/cg.out"]
-        out = subprocess.run(vg + cmd, env=env, check=True, capture_output=True, text=True)
+        if instructions:
+            env["FARCTX_HOST_SHIM_SKIP_COMPUTE"] = "1"
+            cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={tmp}/cg.out"] + cmd
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         res = json.loads(out.stdout.strip().splitlines()[-1])
-        counts = callgrind_counts(Path(tmp))
-    res["prefill_instr_per_ubatch"] = counts["prefill"] / res["n_ubatches"]
-    res["decode_instr_per_token"] = counts["decode"] / (cfg["n_gen"] - 1)
+        if instructions:
+            counts = callgrind_counts(Path(tmp))
+            res["prefill_instr_per_ubatch"] = counts["prefill"] / res["n_ubatches"]
+            res["decode_instr_per_token"] = counts["decode"] / (cfg["n_gen"] - 1)
     return res
+
+
+def median_rows(samples: dict[tuple[str, str], list[dict]], methods: list[str], keys: list[str],
+                ratios: tuple[str, str]) -> list[dict]:
+    """Per regime and method (stock first): the median of each key, and keys[0] and keys[1] over stock's as
+    ratios[0] and ratios[1]."""
+    table = []
+    for regime in ("inside", "past"):
+        stock = {k: statistics.median(s[k] for s in samples[("stock", regime)]) for k in keys}
+        for method in ["stock"] + methods:
+            med = {k: statistics.median(s[k] for s in samples[(method, regime)]) for k in keys}
+            table.append({"regime": regime, "method": method, **med,
+                          ratios[0]: med[keys[0]] / stock[keys[0]], ratios[1]: med[keys[1]] / stock[keys[1]]})
+    return table
 
 
 def main() -> None:
@@ -208,15 +221,7 @@ def main() -> None:
         return
     keys = ["prefill_host_us_per_ubatch", "decode_host_us_per_token", "prefill_compute_us_per_ubatch",
             "decode_compute_us_per_token", "warmup_host_us", "first_token_host_us"]
-    table = []
-    for regime in ("inside", "past"):
-        stock = {k: statistics.median(s[k] for s in samples[("stock", regime)]) for k in keys}
-        for method in ["stock"] + methods:
-            med = {k: statistics.median(s[k] for s in samples[(method, regime)]) for k in keys}
-            row = {"regime": regime, "method": method, **med,
-                   "prefill_host_ratio": med[keys[0]] / stock[keys[0]],
-                   "decode_host_ratio": med[keys[1]] / stock[keys[1]]}
-            table.append(row)
+    table = median_rows(samples, methods, keys, ("prefill_host_ratio", "decode_host_ratio"))
     print(f"host time outside ggml compute, medians of {args.reps} (prompt {args.length}, ubatch {args.n_ubatch}, "
           f"{args.n_gen} decoded, -fa {args.flash_attn}, -t {args.threads}; past: n_ctx_train {args.past_n_ctx_train})")
     print()
@@ -233,15 +238,8 @@ def main() -> None:
 
 
 def print_instructions(args: argparse.Namespace, samples: dict[tuple[str, str], list[dict]], methods: list[str]) -> None:
-    keys = ["prefill_instr_per_ubatch", "decode_instr_per_token"]
-    table = []
-    for regime in ("inside", "past"):
-        stock = {k: statistics.median(s[k] for s in samples[("stock", regime)]) for k in keys}
-        for method in ["stock"] + methods:
-            med = {k: statistics.median(s[k] for s in samples[(method, regime)]) for k in keys}
-            graphs = statistics.median(s["graphs_prefill"] for s in samples[(method, regime)])
-            table.append({"regime": regime, "method": method, **med, "graphs_prefill": graphs,
-                          "prefill_ratio": med[keys[0]] / stock[keys[0]], "decode_ratio": med[keys[1]] / stock[keys[1]]})
+    keys = ["prefill_instr_per_ubatch", "decode_instr_per_token", "graphs_prefill"]
+    table = median_rows(samples, methods, keys, ("prefill_ratio", "decode_ratio"))
     print(f"host work in instructions (callgrind, graphs not computed), medians of {args.reps} (prompt {args.length}, "
           f"ubatch {args.n_ubatch}, {args.n_gen} decoded, -fa {args.flash_attn}, -t {args.threads}; past: n_ctx_train "
           f"{args.past_n_ctx_train})")
