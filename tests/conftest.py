@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import gpu_layers  # noqa: E402
 from oracle import OracleModel  # noqa: E402
-from tiny_gguf import TinyConfig, write_tiny_gguf  # noqa: E402
+from tiny_gguf import DEEP, TinyConfig, write_tiny_gguf  # noqa: E402
 
 if gpu_layers():  # FARCTX_TEST_NGL=all: every engine of the tests offloads its layers to the GPU
     _llama_init = farctx.Llama.__init__
@@ -41,3 +41,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, default_model: Path) ->
 @pytest.fixture(scope="session")
 def oracle(tiny_model: Path) -> OracleModel:
     return OracleModel(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def deep_model(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> Path:
+    """A random-weight llama with the default model's depth and head layout (30 layers, GQA 3:1, head_dim 64),
+    narrow (n_embd 192), n_ctx_train 32: graphs of the real model's size, computed in milliseconds."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("deep") / "deep30.gguf", default_model, DEEP)

@@ -227,3 +227,22 @@ def test_metrics_needs_parallel(tiny_model):
     run = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--metrics"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--parallel" in run.stderr
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("lminf", []), ("streaming", []),
+    ("mesa", ["--first-chunk", "4", "--stair-width", "2", "--last-context", "8", "--gen-budget", "2"])])
+def test_slots_at_the_default_models_depth_with_flash_attention(deep_model, tmp_path, method, extra):
+    """`farctx serve --method M -np 2 -fa on` on a model as deep as the bundled one (30 layers): the graphs of two
+    streams per layer fit their budget (a 2-layer model hid an abort at the first request), and two concurrent
+    requests, one far past the trained context, get the answers each gets alone."""
+    port = _free_port()
+    args = ["-m", str(deep_model), "--method", method, "--port", str(port), "-ub", "16", "-b", "64", "-np", "2",
+            "-fa", "on", "--ctx-max", "512", "-n", "8", "-a", "tiny", "--log-level", "warning", *extra]
+    with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}") as base:
+        deep = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        jobs = [("completion", "The river ran", None), ("completion-stream", "Tell me about " + LONG, None)]
+        alone = [_run(deep, kind, prompt, farctx=farctx) for kind, prompt, farctx in jobs]
+        together = _concurrently([lambda j=j: _run(deep, j[0], j[1], farctx=j[2]) for j in jobs])
+        assert together == alone and all(isinstance(a, str) for a in alone)
+        assert httpx.get(f"{base}/health").json()["status"] == "ok"

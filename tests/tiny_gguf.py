@@ -215,3 +215,8 @@ def family_config(name: str) -> TinyConfig:
     return FAMILIES.get(name) or FAMILIES_ISWA[name]
 
 
+# the default model's depth and attention layout (SmolLM2-135M: 30 layers, GQA 3:1, head_dim 64), narrow: graphs
+# as large as the real model's (per layer and per stream), computed in milliseconds
+DEEP = TinyConfig(n_embd=192, n_layer=30, n_head=3, n_head_kv=1, n_ff=256, seed=40)
+# a few layers more than the 2 of the oracle's tiny model, for exactness against the numpy oracle beyond two layers
+NARROW6 = TinyConfig(n_embd=192, n_layer=6, n_head=3, n_head_kv=1, n_ff=256, seed=41)

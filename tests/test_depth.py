@@ -1,0 +1,104 @@
+"""Every method at the default model's depth: graphs as large as the real model's.
+
+A 2-layer model hides faults of the graph's size (its node budget, per-stream graphs): a random-weight model with
+SmolLM2-135M's 30 layers and head layout (GQA 3:1, head_dim 64), narrow so that it runs in seconds, takes every
+method x n_seq {1, 2, 4, 8} x flash attention on/off x F16/Q8_0 caches, with prompts past n_local and the
+trained context (Mesa: several chunks, stair moves while decoding) and decoded tokens after them. Each stream must
+get the logits it gets alone. Each (method, cache) case runs in its own process (tests/depth_worker.py), so that
+an abort fails that case and not the suite.
+
+Exactness beyond two layers: every method against the numpy oracle on a 6-layer model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import F16, F32, Q8_0, engine_logits, kv_id, random_tokens, tolerance
+from oracle import OracleModel, mesa_rule, method_rule, selfextend_rule
+from tiny_gguf import NARROW6, write_tiny_gguf
+
+METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend"]
+# flash attention off and on, F16 and Q8_0 caches (a quantized V needs flash attention)
+DEPTH_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, F16, False), (Q8_0, Q8_0, True)]
+WORKER = Path(__file__).with_name("depth_worker.py")
+
+
+@pytest.mark.parametrize("kv", DEPTH_KV, ids=kv_id)
+@pytest.mark.parametrize("method", METHODS)
+def test_streams_at_depth_match_each_stream_alone(deep_model, method, kv):
+    type_k, type_v, fa = kv
+    run = subprocess.run([sys.executable, str(WORKER), str(deep_model), method, str(type_k), str(type_v),
+                          str(int(fa))], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{method} {kv_id(kv)}: worker exited {run.returncode}\n{run.stderr[-3000:]}"
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    # the batch oracle's bounds: beside other streams a stream's ubatches split otherwise (llama.cpp gives each
+    # stream an equal share of a ubatch), so its cells go through other graph paths, with their own roundings
+    bound = tolerance(type_k, type_v, fa).max_rel
+    for n_seq in ("1", "2", "4", "8"):
+        for i, row in enumerate(report[n_seq]):
+            print(f"{method} {kv_id(kv)} n_seq {n_seq} stream {i}: max diff {row['max_diff']:.3g}, "
+                  f"scale {row['scale']:.3g}")
+            assert row["spread"] > 0.1, f"stream {i}: flat logits, the check could not fail"
+            assert row["max_diff"] <= bound * row["scale"], f"{method} {kv_id(kv)} n_seq {n_seq} stream {i}: {row}"
+    # a stream given another's logits would fail: the streams' own logits are far apart
+    assert report["distinct"] > 5 * bound * max(r["scale"] for r in report["8"]), report["distinct"]
+
+
+# -- exactness beyond two layers --------------------------------------------------------------------------
+
+L_TR = 32
+N_TOKENS, N_PREFILL = 130, 90
+MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
+SELFEXTEND = dict(group=4, neighbor=8)
+NARROW_KV = [(F32, F32, False), (F16, F16, True), (Q8_0, Q8_0, True)]
+
+
+def method_kwargs(method: str) -> dict[str, int]:
+    return {"mesa": MESA, "selfextend": SELFEXTEND, "vanilla": {}, "streaming": {"n_local": 28, "n_sink": 4}}.get(
+        method, {"n_local": 32, "n_global": 10})
+
+
+def reference_rule(method: str, n: int, n_prompt: int):
+    if method == "vanilla":
+        return None
+    if method == "mesa":
+        return mesa_rule(n, n_prompt, L_TR, **MESA)
+    if method == "selfextend":
+        return selfextend_rule(n, **SELFEXTEND)
+    if method == "streaming":
+        return method_rule(method, n, 28, n_sink=4)
+    return method_rule(method, n, 32, 10)
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory: pytest.TempPathFactory, default_model: Path):
+    path = write_tiny_gguf(tmp_path_factory.mktemp("narrow") / "narrow6.gguf", default_model, NARROW6)
+    tokens = random_tokens(N_TOKENS, seed=61)
+    oracle = OracleModel(path)
+    refs = {m: oracle.logits(tokens, reference_rule(m, N_TOKENS, N_PREFILL)) for m in METHODS}
+    return path, tokens, refs
+
+
+def test_methods_differ_at_six_layers(narrow):
+    """Past n_local the methods' oracle logits differ from vanilla's by far more than any tolerance."""
+    _, _, refs = narrow
+    for method in METHODS[1:]:
+        scale = np.abs(refs["vanilla"]).max()
+        assert np.abs(refs[method][60:] - refs["vanilla"][60:]).max() > 0.05 * scale, method
+
+
+@pytest.mark.parametrize("kv", NARROW_KV, ids=kv_id)
+@pytest.mark.parametrize("method", METHODS)
+def test_methods_match_the_oracle_at_six_layers(narrow, method, kv):
+    path, tokens, refs = narrow
+    type_k, type_v, fa = kv
+    # Mesa's prompt goes in whole (its chunks follow from the prompt's length)
+    n_prefill = N_PREFILL
+    got = engine_logits(path, tokens, n_prefill, n_ubatch=16, type_k=type_k, type_v=type_v, flash_attn=fa,
+                        method=method, n_ctx=256, **method_kwargs(method))
+    tolerance(type_k, type_v, fa).check(got, refs[method], f"{method} {kv_id(kv)} at 6 layers")
