@@ -199,8 +199,13 @@ static struct llama_attn_extrap_params chunk_params(const struct farctx_session 
  * own step */
 static int32_t begin_chunk(struct farctx_session * s, int32_t n) {
     if (fixed_cache(s)) {
-        /* keys that no query from here on reads: positions [n_global, first needed) */
-        const int64_t first = first_needed(s, s->n_past);
+        /* keys that no query from here on reads: positions [n_global, first needed), but for the newest key, which
+         * the mask leaves out where no query reads it (n_local 1): llama.cpp wants a stream's next position to
+         * follow the last one in its cache */
+        int64_t first = first_needed(s, s->n_past);
+        if (first > s->n_past - 1) {
+            first = s->n_past - 1;
+        }
         const int32_t head = farctx_params_head(&s->params);
         if (first > head && first > s->evicted_to) {
             /* from the full-attention layers' cache only: sliding-window layers (iSWA) keep their own

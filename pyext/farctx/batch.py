@@ -49,6 +49,11 @@ class SequenceBatch:
             raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         if n_seq < 1 or n_ctx_seq < 1:
             raise FarctxError(f"n_seq ({n_seq}) and n_ctx_seq ({n_ctx_seq}) must be at least 1")
+        n_batch, n_ubatch = int(kwargs.get("n_batch", 512)), int(kwargs.get("n_ubatch", 512))
+        if n_ubatch < 1 or n_batch < n_seq:
+            # llama.cpp keeps an output row per sequence in a buffer of n_batch rows (it aborts past it)
+            raise FarctxError(f"n_batch ({n_batch}) must be at least n_seq ({n_seq}) and n_ubatch ({n_ubatch}) "
+                              "at least 1: each decode holds an output row per sequence")
         if kwargs.get("type_v") not in (None, 0, 1, 30) and not kwargs.get("flash_attn"):
             raise FarctxError("a quantized V cache (-ctv) needs flash attention (-fa on)")
         llama_cpp = _N.llama_cpp
@@ -78,13 +83,12 @@ class SequenceBatch:
         if not self._model:
             raise FarctxError(f"llama.cpp could not load {self.model_path}: {_LOG.reason() or 'see the log'}")
 
-        n_batch = int(kwargs.get("n_batch", 512))
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_seq * n_ctx_seq
         cparams.n_seq_max = n_seq
         cparams.kv_unified = False  # one KV stream per sequence: the attention methods fill a mask per stream
         cparams.n_batch = n_batch
-        cparams.n_ubatch = min(int(kwargs.get("n_ubatch", 512)), n_batch)
+        cparams.n_ubatch = min(n_ubatch, n_batch)
         threads = kwargs.get("n_threads")
         if threads:
             cparams.n_threads = int(threads)
