@@ -16,6 +16,7 @@ each client its share of the pool, RSS read at idle after each) by more than --m
 The summary (JSON) goes to bench/soak/ (or --out).
 
     .venv/bin/python bench/soak.py                    # 30 minutes
+    .venv/bin/python bench/soak.py --minutes 10 -np 4 -fa on   # the bundled model's depth, flash attention
     .venv/bin/python bench/soak.py --tiny --minutes 3 --max-slope inf  # what tests/test_soak.py runs
 """
 
@@ -246,6 +247,22 @@ def round_growth_kb_per_request(samples: list[tuple[int, float]], settle: int = 
     return sum(steps) / len(steps) if steps else 0.0
 
 
+def start_server(cmd: list[str], log_path: Path, base: str, limit_s: float) -> tuple[subprocess.Popen, bool]:
+    """Start `cmd` (a server, its output to log_path) and wait until base/health answers 200: (process, whether
+    it came up within limit_s seconds and is still running)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    started = time.monotonic()
+    while proc.poll() is None and time.monotonic() - started < limit_s:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return proc, False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -255,7 +272,7 @@ def _free_port() -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("-np", "--parallel", type=int, default=4)
     ap.add_argument("--clients", type=int, default=6, help="client threads (more than the slots: a queue)")
     ap.add_argument("--model", default=None, help="GGUF (default: the bundled model)")
     ap.add_argument("--tiny", action="store_true", help="the random-weight test model (n_ctx_train 32)")
@@ -263,6 +280,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="the trained context the methods assume (default: 256; 32 with --tiny)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("-t", "--threads", type=int, default=0, help="the server's -t (0: llama.cpp's default)")
+    ap.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=["on", "off"], default="off",
+                    help="the server's -fa")
     ap.add_argument("--max-slope", type=float, default=5.0, help="MB/min of RSS after warm-up that fails the run")
     ap.add_argument("--rounds", type=int, default=10,
                     help="after the load, rounds of the same requests (each client its share of the pool), RSS at "
@@ -273,7 +292,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default=None, help="summary JSON (default: bench/soak/soak-<minutes>min.json)")
     args = ap.parse_args(argv)
 
-    tag = f"{'tiny-' if args.tiny else ''}{args.minutes:g}min"
+    tag = f"{'tiny-' if args.tiny else ''}{args.minutes:g}min{'-fa-on' if args.flash_attn == 'on' else ''}"
     out = Path(args.out) if args.out else ROOT / "bench" / "soak" / f"soak-{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.tiny:
@@ -291,24 +310,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     log_path = out.with_suffix(".server.log")
     cmd = [sys.executable, "-m", "farctx.cli.main", "serve", "--port", str(port), "--method", "lminf",
            "--n-ctx-train", str(n_train), "-np", str(args.parallel), "--ctx-max", str(8 * n_train), "-b", str(4 * ubatch),
-           "-ub", str(ubatch), "--metrics", "-to", "300", "--log-level", "warning"]
+           "-ub", str(ubatch), "-fa", args.flash_attn, "--metrics", "-to", "300", "--log-level", "warning"]
     if args.model:
         cmd += ["-m", args.model]
     if args.threads:
         cmd += ["-t", str(args.threads)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    started = time.monotonic()
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() - started > 300:
-            print(log_path.read_text(), file=sys.stderr)
-            return 1
-        time.sleep(0.3)
+    proc, up = start_server(cmd, log_path, base, 300)
+    if not up:
+        proc.kill()
+        print(log_path.read_text(), file=sys.stderr)
+        return 1
 
     specs = pool(args.seed, n_train)
     # every request of the pool alone first: the reference answers (and the warm-up: each method opened)
