@@ -1,5 +1,5 @@
 /*
- * farctx: Mesa-Extrapolation (DESIGN.md 1.2): the chunk schedule of a prompt, the stair position map,
+ * farctx: Mesa-Extrapolation (docs/methods.md 1.2): the chunk schedule of a prompt, the stair position map,
  * and the per-ubatch mask/deltas/query scale.
  *
  *   first chunk [0, F):            vanilla

@@ -1,4 +1,4 @@
-/* farctx: vanilla attention (DESIGN.md section 1): llama.cpp's own graph, every key at its true distance */
+/* farctx: vanilla attention (docs/methods.md): llama.cpp's own graph, every key at its true distance */
 #include "farctx-impl.h"
 
 #include <stdint.h>

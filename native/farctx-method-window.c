@@ -1,5 +1,5 @@
 /*
- * farctx: the window family (DESIGN.md section 1): lminf, window, lambda-only, rerope, streaming, selfextend.
+ * farctx: the window family (docs/methods.md): lminf, window, lambda-only, rerope, streaming, selfextend.
  *
  * Each is one main window over true distances plus, for some, a second key segment at a bounded distance:
  *   main segment:   key j visible from query i, relpos i - j, iff 0 <= j <= i and (i - j < window or

@@ -27,7 +27,7 @@ extern "C" {
 struct llama_context;
 struct llama_model;
 
-/* attention methods (DESIGN.md section 1) */
+/* attention methods (docs/methods.md) */
 enum farctx_method {
     FARCTX_METHOD_VANILLA     = 0,
     FARCTX_METHOD_LMINF       = 1,

@@ -1,7 +1,7 @@
 """The test oracle: a numpy (float64) forward pass of a GGUF of one of the families farctx runs on
 (llama with its RoPE scalings, qwen2, qwen3, phi3, gemma2, gemma3), as llama.cpp's graphs compute them.
 
-A method is given as three arrays over the stream (DESIGN.md section 1):
+A method is given as three arrays over the stream (docs/methods.md):
   allowed[i, j]  bool, query i may attend key j (the oracle adds nothing: causality included)
   relpos[i, j]   the RoPE distance p_q - p_k used for that pair
   lam[i]         a factor on query i
@@ -393,7 +393,7 @@ class OracleModel:
 
 
 def method_rule(method: str, n: int, n_local: int, n_global: int = 0, n_sink: int = 0) -> AttentionRule:
-    """DESIGN.md section 1, literally, for a stream of n tokens (positions 0..n-1)."""
+    """docs/methods.md, literally, for a stream of n tokens (positions 0..n-1)."""
     i = np.arange(n)[:, None]
     j = np.arange(n)[None, :]
     d = i - j
@@ -421,7 +421,7 @@ def method_rule(method: str, n: int, n_local: int, n_global: int = 0, n_sink: in
 
 def mesa_schedule(n: int, n_ctx_train: int, first_chunk: int = 100, last_context: int = 512,
                   gen_budget: int = 50) -> tuple[bool, int, int]:
-    """DESIGN.md 1.2, the authors' split rule: (chunked, C, N)."""
+    """docs/methods.md 1.2, the authors' split rule: (chunked, C, N)."""
     c0 = n_ctx_train - 2 * first_chunk
     if n < n_ctx_train - gen_budget:
         return False, c0, 0

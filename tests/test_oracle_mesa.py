@@ -20,7 +20,7 @@ N_DECODE = 30  # > C: the stair boundary moves at least once while generating
 
 
 def test_design_test_vector_stair():
-    """DESIGN.md 1.2: n=10, C=5, E=2."""
+    """docs/methods.md 1.2: n=10, C=5, E=2."""
     keys = stair_pos(np.arange(10), 10 - (9 % 5), 2)
     assert keys.tolist() == [3, 3, 4, 4, 5, 5, 6, 7, 8, 9]
     assert (9 - keys).tolist() == [6, 6, 5, 5, 4, 4, 3, 2, 1, 0]

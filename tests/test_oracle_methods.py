@@ -26,7 +26,7 @@ def rule(method: str, n: int):
 
 
 def test_design_test_vector_lminf():
-    """DESIGN.md 1.1, L=3, G=2: relpos per key 0..i (`*` global, `-` masked)."""
+    """docs/methods.md 1.1, L=3, G=2: relpos per key 0..i (`*` global, `-` masked)."""
     rule = method_rule("lminf", 8, n_local=3, n_global=2)
 
     def row(i: int) -> list[str]:
@@ -42,7 +42,7 @@ def test_design_test_vector_lminf():
 
 def test_streaming_rule_is_cache_index_distance():
     """StreamingLLM with S=2 sinks and a window of R=3: past the cache, every query sees its sinks
-    at the distance they would have inside a cache of S + R slots (DESIGN.md 1.3)."""
+    at the distance they would have inside a cache of S + R slots (docs/methods.md 1.3)."""
     r = method_rule("streaming", 9, n_local=3, n_sink=2)
     visible = {i: [(j, int(r.relpos[i, j])) for j in range(i + 1) if r.allowed[i, j]] for i in (4, 8)}
     assert visible[4] == [(0, 4), (1, 3), (2, 2), (3, 1), (4, 0)]   # still inside the cache: vanilla

@@ -1,4 +1,4 @@
-"""Attention methods and their parameters (DESIGN.md section 1), read from libfarctx's method table.
+"""Attention methods and their parameters (docs/methods.md), read from libfarctx's method table.
 
 Nothing here knows a method or a parameter by name: `METHODS`, `MethodParams` (its fields, defaults
 and `relevant()`), the CLI options, the server's request fields and the llm plugin's options are all
