@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import farctx
-from farctx.data import austen
+from farctx.eval.data import austen
 
 
 def prefix_of(words: list[str], n_tokens: int, llm: farctx.Llama) -> str:

@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args)))
         return 0
 
-    from farctx.bench import stock_lib_dir
-    from farctx.data import austen
+    from farctx.bench.harness import stock_lib_dir
+    from farctx.eval.data import austen
     from farctx.models import resolve_model_path
 
     model = str(resolve_model_path(args.model))

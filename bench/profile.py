@@ -92,7 +92,7 @@ def main() -> None:
     if shutil.which("perf") is None:
         sys.exit("profile: `perf` is not installed (Debian: linux-perf)")
 
-    from farctx.bench_worker import corpus, open_farctx
+    from farctx.bench.worker import corpus, open_farctx
 
     kwargs = {"n_threads": args.threads, "flash_attn": args.flash_attn == "on", "verbose": False}
     llm = open_farctx(args.model, args.method, args.length, args.n_gen, kwargs)

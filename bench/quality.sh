@@ -9,9 +9,9 @@ cd "$root"
 out=bench/quality
 mkdir -p "$out" build/quality
 model=models/shortctx-256/shortctx-256-f16.gguf
-methods=vanilla,lminf,window,lambda-only,streaming,rerope,selfextend,mesa
+methods=all
 text=build/quality/persuasion.txt
-.venv/bin/python -c "from farctx.data import austen; open('$text', 'w').write(austen('persuasion'))"
+.venv/bin/python -c "from farctx.eval.data import austen; open('$text', 'w').write(austen('persuasion'))"
 cmd=(eval ppl -m "$model" -f "$text" --methods "$methods" --lengths 128,256,512,1k,2k,4k,8k --window 64 --docs 8 -t 2
      --json "$out/ppl-shortctx-256.json" --plot "$out/ppl-shortctx-256.png")
 echo "\$ farctx ${cmd[*]}" > "$out/ppl-shortctx-256.md"

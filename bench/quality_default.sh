@@ -11,9 +11,9 @@ cd "$root"
 out=bench/quality
 mkdir -p "$out" build/quality
 name=SmolLM2-135M-Instruct
-methods=${METHODS:-vanilla,lminf,window,lambda-only,streaming,rerope,selfextend,mesa}
+methods=${METHODS:-all}
 text=build/quality/persuasion.txt
-.venv/bin/python -c "from farctx.data import austen; open('$text', 'w').write(austen('persuasion'))"
+.venv/bin/python -c "from farctx.eval.data import austen; open('$text', 'w').write(austen('persuasion'))"
 # shellcheck disable=SC2206
 extra=(${FARCTX_EXTRA:--t 2})
 cmd=(eval ppl -f "$text" --methods "$methods" --lengths 4k,8k,16k,32k --window 256 --docs 1 "${extra[@]}"

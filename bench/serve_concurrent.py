@@ -34,7 +34,7 @@ from soak import _free_port, rss_mb, start_server  # noqa: E402
 
 def prompts(t: int) -> list[str]:
     """Texts of about 16, t / 2, t and 4 t tokens of the default model's tokenizer (about 1.3 tokens a word)."""
-    from farctx.data import austen
+    from farctx.eval.data import austen
 
     words = austen().split()
     return [" ".join(words[k * 40_000 : k * 40_000 + n]) for k, n in enumerate([12, t * 3 // 8, t * 3 // 4, t * 3])]
@@ -53,13 +53,16 @@ def run_method(method: str, t: int, n_gen: int, threads: int, fa: str, log_dir: 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     n_train = t or 8192
-    ctx = 5 * n_train if method in ("rerope", "selfextend", "mesa", "vanilla") else 0  # whole-stream: 4 t + a reply
+    from farctx.methods import method_infos
+
+    # the methods that keep the whole stream: 4 t + a reply per slot (-c is the 4 slots' cells)
+    ctx = 4 * 5 * n_train if not method_infos()[method].fixed_cache else 0
     cmd = [sys.executable, "-m", "farctx.cli.main", "serve", "--port", str(port), "--method", method, "-np", "4",
            "-fa", fa, "-t", str(threads), "--log-level", "warning"]
     if t:
         cmd += ["--n-ctx-train", str(t)]
     if ctx:
-        cmd += ["--ctx-max", str(ctx)]
+        cmd += ["-c", str(ctx)]
     log_path = log_dir / f"{method}.server.log"
     proc, up = start_server(cmd, log_path, base, 600)
     try:

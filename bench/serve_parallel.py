@@ -137,7 +137,7 @@ def measure(kind: str, model: str, n: int, prompt: list[int], args: argparse.Nam
            "--n-gen", str(args.n_gen), "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
            "--n-ctx-train", str(n_ctx_train), "--threads", str(args.threads), "-fa", args.fa]
     if kind == "stock":
-        from farctx.bench import stock_lib_dir
+        from farctx.bench.harness import stock_lib_dir
 
         env["LLAMA_CPP_LIB_PATH"] = str(stock_lib_dir())
     result = subprocess.run(cmd, input=json.dumps(prompt), capture_output=True, text=True, env=env)

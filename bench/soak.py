@@ -1,4 +1,4 @@
-"""Soak test of `farctx serve --parallel N`: a mixed load for a while, then checks.
+"""Soak test of `farctx serve -np N`: a mixed load for a while, then checks.
 
 Starts the server on the default model (SmolLM2-135M-Instruct) with its methods assuming a short trained
 context (`--n-ctx-train 256`, so 8 x that is cheap), and runs client threads (more than the slots, so
@@ -84,7 +84,7 @@ def _text(words: list[str], n_tokens: int, rng: random.Random) -> str:
 
 def _corpus() -> list[str]:
     try:
-        from farctx.data import austen
+        from farctx.eval.data import austen
 
         return austen("persuasion").split()
     except Exception:  # the Austen texts are an optional extra: plain words then
@@ -309,7 +309,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log_path = out.with_suffix(".server.log")
     cmd = [sys.executable, "-m", "farctx.cli.main", "serve", "--port", str(port), "--method", "lminf",
-           "--n-ctx-train", str(n_train), "-np", str(args.parallel), "--ctx-max", str(8 * n_train), "-b", str(4 * ubatch),
+           "--n-ctx-train", str(n_train), "-np", str(args.parallel), "-c", str(8 * n_train * args.parallel), "-b", str(4 * ubatch),
            "-ub", str(ubatch), "-fa", args.flash_attn, "--metrics", "-to", "300", "--log-level", "warning"]
     if args.model:
         cmd += ["-m", args.model]

@@ -27,7 +27,7 @@ def rss_bytes() -> int:
 
 
 def corpus_tokens(llm, n: int) -> list[int]:
-    from farctx.data import NOVELS, austen
+    from farctx.eval.data import NOVELS, austen
 
     tokens: list[int] = []
     while len(tokens) < n:

@@ -28,7 +28,8 @@ def machine() -> str:
 
 @click.command()
 @click.option("-m", "--model", "model", default=None, metavar="FNAME", help="GGUF model (default: the bundled one)")
-@click.option("--methods", "--method", "methods", default="vanilla,lminf", show_default=True)
+@click.option("--methods", "--method", "methods", default="vanilla,lminf", show_default=True,
+              help="comma-separated methods, or all")
 @click.option("--lengths", default="512,1k", show_default=True, help="context lengths (k = 1024)")
 @click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="repetitions (medians)")
 @click.option("-n", "--n-gen", type=click.IntRange(1), default=16, show_default=True, help="decoded tokens per run")
@@ -47,8 +48,8 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
           rpc: Optional[str], json_path: Optional[str], plot_path: Optional[str], **method_opts: Any) -> None:
     """Prefill and decode tokens/s, KV bytes and RSS per method and length, as ratios to stock."""
     import farctx
-    from farctx.bench import bench as run_bench
-    from farctx.bench import markdown_table, plot_bench, scaling, scaling_table
+    from farctx.bench.harness import bench as run_bench
+    from farctx.bench.harness import markdown_table, plot_bench, scaling, scaling_table
 
     path = str(farctx.model_info(model).path)
     info = farctx.model_info(path)

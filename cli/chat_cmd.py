@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .options import llama_kwargs, method_options, model_option, runtime_options, whole_stream_label
+from .options import llama_kwargs, method_options, model_option, runtime_options
 
 
 @click.command()
@@ -21,21 +21,26 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--seed", type=int, default=-1, show_default=True, help="sampling seed (-1: random)")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--top-p", type=float, default=0.95, show_default=True)
-@click.option("--ctx-max", type=click.IntRange(0), default=0,
-              help=f"{whole_stream_label()}: largest cache the conversation may grow it to (0: 8 x n_ctx_train)")
+@click.option("--ctx-max", "ctx_max", type=int, default=None, hidden=True)
 @runtime_options()
 @method_options()
 def chat(model: str | None, system: str | None, file: str | None, n_predict: int, temp: float, seed: int,
-         top_k: int, top_p: float, ctx_max: int, **opts: Any) -> None:
+         top_k: int, top_p: float, ctx_max: int | None, **opts: Any) -> None:
     """Chat with the model, one line a message (/exit or end of input to stop).
 
-    With lminf the cache stays the same size however long the conversation runs, and the head
-    every prompt starts with (BOS, the system prompt, the first user header) is the global
-    tokens, unless --n-global says otherwise.
+    With the fixed-cache methods (lminf) the cache stays the same size however long the
+    conversation runs, and the head every prompt starts with (BOS, the system prompt, the first
+    user header) is the head the method keeps (lminf's --n-global, streaming's --n-sink) unless
+    given. The other methods keep the whole conversation: -c sets their cache (default:
+    n_ctx_train for vanilla, 4 x n_ctx_train for mesa/selfextend/rerope).
     """
+    import farctx
     from farctx.chat import Chat, fixed_head_tokens, run_chat
+    from farctx.methods import llama_stream_cache, method_infos
     from farctx.models import resolve_model_path
-    from farctx.slot import Slot
+
+    if ctx_max is not None:
+        raise click.BadParameter("is gone: -c sets the cache the conversation has", param_hint="--ctx-max")
 
     document = None
     if file is not None:
@@ -44,12 +49,16 @@ def chat(model: str | None, system: str | None, file: str | None, n_predict: int
             raise click.BadParameter(f"no such file: {file}", param_hint="-f")
         document = path.read_text(encoding="utf-8", errors="replace")
     kwargs = llama_kwargs(opts)
-    if kwargs["method"] in ("lminf", "lambda-only") and "n_global" not in kwargs:
-        kwargs["n_global"] = fixed_head_tokens(str(resolve_model_path(model)), system) or 10
-    slot = Slot.from_kwargs(model, kwargs, ctx_max=ctx_max)
-    slot.engine(slot.method)  # load now: errors before the first message
+    head = method_infos()[kwargs["method"]].head
+    if head is not None and head not in kwargs:
+        kwargs[head] = fixed_head_tokens(str(resolve_model_path(model)), system) or None
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if not kwargs.get("n_ctx"):
+        kwargs["n_ctx"] = llama_stream_cache(model, kwargs)
+    llm = farctx.Llama(model, **kwargs)  # loaded now: errors before the first message
+    click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     sampling: dict[str, Any] = {"temperature": temp, "top_k": top_k, "top_p": top_p,
                                 "max_tokens": n_predict if n_predict > 0 else None}
     if seed >= 0:
         sampling["seed"] = seed
-    run_chat(Chat(slot, system=system, document=document, sampling=sampling))
+    run_chat(Chat(llm, system=system, document=document, sampling=sampling))

@@ -30,8 +30,11 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def parse_methods(text: str) -> list[str]:
+    """--methods: comma-separated names, or `all` (every method of libfarctx's table, in its order)."""
     from farctx.methods import METHODS
 
+    if text.strip() == "all":
+        return list(METHODS)
     methods = [m.strip() for m in text.split(",") if m.strip()]
     for m in methods:
         if m not in METHODS:
@@ -41,13 +44,13 @@ def parse_methods(text: str) -> list[str]:
 
 def _make_llm(model: Optional[str], method: str, n_ctx_whole: int, base: dict[str, Any]) -> Any:
     import farctx
-    from farctx.methods import fixed_cache, stream_cells
+    from farctx.methods import fixed_cache, llama_stream_cache
     from farctx.progress import Progress
 
     kwargs = dict(base, method=method)
     if kwargs.get("n_ctx", 0) == 0 and not fixed_cache(method):
         # the whole stream in the cache (vanilla: even past n_ctx_train), sized by libfarctx
-        kwargs["n_ctx"] = stream_cells(model, kwargs, n_ctx_whole, 0)
+        kwargs["n_ctx"] = llama_stream_cache(model, kwargs, n_ctx_whole)
     llm = farctx.Llama(model, progress=Progress(f"{method}", min_total=2048), **kwargs)
     click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     return llm
@@ -81,7 +84,7 @@ def eval_group() -> None:
 @model_option()
 @click.option("-f", "--file", default=None, metavar="FNAME",
               help="the long document (default: Jane Austen's Emma from the Debian package)")
-@click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods")
+@click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods, or all")
 @click.option("--lengths", default="1k,2k,4k,8k", show_default=True, help="positions to score at (k = 1024)")
 @click.option("--window", type=click.IntRange(2), default=256, show_default=True, help="tokens scored per length")
 @click.option("--docs", type=click.IntRange(1), default=1, show_default=True,
@@ -94,14 +97,14 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
         json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
     """Perplexity of one long document near each length, per method."""
     import farctx
-    from farctx.eval_ppl import PROTOCOL, check_lengths, perplexity_of_method, pool
-    from farctx.plots import plot_ppl
+    from farctx.eval.ppl import PROTOCOL, check_lengths, perplexity_of_method, pool
+    from farctx.eval.plots import plot_ppl
 
     method_list = parse_methods(methods)
     base = _method_keys(opts)
     info = farctx.model_info(model)
     if file is None:
-        from farctx.data import austen
+        from farctx.eval.data import austen
 
         text, source = austen("emma"), "Jane Austen, Emma (r-cran-janeaustenr)"
     else:
@@ -141,7 +144,7 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
 
 @eval_group.command()
 @model_option()
-@click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods")
+@click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods, or all")
 @click.option("--lengths", default="1k,2k", show_default=True, help="prompt lengths (k = 1024)")
 @click.option("--depths", default=None, help="comma-separated depths in [0, 1] (default: random per sample)")
 @click.option("--samples", type=click.IntRange(1), default=5, show_default=True, help="samples per length and depth")
@@ -157,15 +160,15 @@ def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[s
             haystack: Optional[str], seed: int, json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
     """Passkey retrieval accuracy per method, length (and depth)."""
     import farctx
-    from farctx.eval_passkey import ANSWER_TOKENS, haystack_paragraphs, passkey_of_method
-    from farctx.plots import plot_passkey
+    from farctx.eval.passkey import ANSWER_TOKENS, haystack_paragraphs, passkey_of_method
+    from farctx.eval.plots import plot_passkey
 
     method_list = parse_methods(methods)
     paragraphs: Optional[list[str]] = None
     filler = "repeated sentences"
     if haystack is not None:
         if haystack.startswith("austen:"):
-            from farctx.data import austen
+            from farctx.eval.data import austen
 
             paragraphs = haystack_paragraphs(austen(haystack.split(":", 1)[1]))
         else:
@@ -234,7 +237,7 @@ def parse_layers(text: Optional[str], n_layer: int) -> Optional[list[int]]:
 @click.option("-f", "--file", default=None, metavar="FNAME",
               help="the document (default: Jane Austen's Emma from the Debian package)")
 @click.option("--methods", "--method", "methods", default="vanilla,lminf", show_default=True,
-              help="comma-separated methods")
+              help="comma-separated methods, or all")
 @click.option("--lengths", default=None,
               help="lengths to report the factors at (k = 1024); the document is streamed to the largest "
                    "[default: 1x,2x,4x n_ctx_train]")
@@ -257,10 +260,10 @@ def ood(model: Optional[str], file: Optional[str], methods: str, lengths: Option
 
     Flash attention is always off here: the attention scores exist as tensors only without it."""
     import farctx
-    from farctx.eval_ood import PROTOCOL, OodRun, cost_line, exit_cell, ood_of_method, value_at
+    from farctx.eval.ood import PROTOCOL, OodRun, cost_line, exit_cell, ood_of_method, value_at
     from farctx.methods import fixed_cache
-    from farctx.ood import FACTORS, OodSettings
-    from farctx.plots import plot_ood
+    from farctx.eval.ood_recorder import FACTORS, OodSettings
+    from farctx.eval.plots import plot_ood
 
     method_list = parse_methods(methods)
     if opts.get("flash_attn") == "on":
@@ -278,7 +281,7 @@ def ood(model: Optional[str], file: Optional[str], methods: str, lengths: Option
     settings = OodSettings(n_ctx_train=n_train, bucket=bucket or max(1, n_train // 8), layers=layer_list,
                            threshold=threshold, tolerance=tolerance, persist=persist)
     if file is None:
-        from farctx.data import austen
+        from farctx.eval.data import austen
 
         text, source = austen("emma"), "Jane Austen, Emma (r-cran-janeaustenr)"
     else:

@@ -65,18 +65,15 @@ def _count_tokens(model: str | None, text: str) -> int:
     """Tokens of the prompt, from a vocabulary-only load of the model."""
     import farctx
     from farctx.models import resolve_model_path
+    from farctx.stream import LOG, open_tokenizer
 
     farctx.model_info(model)  # a clear error for a bad file before llama.cpp opens it
-    from farctx import engine  # noqa: F401  (the patched library and farctx's log handler)
-
-    llama_cpp = engine._N.llama_cpp
-
     path = resolve_model_path(model)
-    engine._LOG.clear()
+    LOG.clear()
     try:
-        vocab = llama_cpp.Llama(str(path), vocab_only=True, n_ctx=256, verbose=False)
+        vocab = open_tokenizer(path)
     except ValueError as exc:  # the reason from llama.cpp's log, as farctx.Llama gives it
-        raise farctx.FarctxError(f"llama.cpp could not load {path}: {engine._LOG.reason() or exc}") from None
+        raise farctx.FarctxError(f"llama.cpp could not load {path}: {LOG.reason() or exc}") from None
     try:
         return len(vocab.tokenize(text.encode("utf-8")))
     finally:
@@ -105,7 +102,7 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     import farctx
     from farctx.progress import Progress
 
-    from farctx.methods import fixed_cache, stream_cells
+    from farctx.methods import fixed_cache, llama_stream_cache
 
     text = _read_prompt(prompt, file)
     if ood_report and opts.get("flash_attn") == "on":
@@ -117,12 +114,12 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     if seed >= 0:
         kwargs["seed"] = seed
     if kwargs["n_ctx"] == 0 and not fixed_cache(kwargs["method"]):
-        # the methods that keep the whole stream (vanilla too): libfarctx's size for the prompt plus the generation
-        kwargs["n_ctx"] = stream_cells(model, kwargs, _count_tokens(model, text), n_predict)
+        # the methods that keep the whole stream (vanilla too): the cache of the prompt plus the generation
+        kwargs["n_ctx"] = llama_stream_cache(model, kwargs, _count_tokens(model, text), n_predict)
     recorder = None
     if ood_report:
-        from farctx.ood import OodRecorder, sampled_layers, settings_for
-        from farctx.tensor_probe import eval_callback_installed
+        from farctx.eval.ood_recorder import OodRecorder, sampled_layers, settings_for
+        from farctx.eval.tensor_probe import eval_callback_installed
 
         details = farctx.model_info(model)
         recorder = OodRecorder(settings_for(details.n_ctx_train, sampled_layers(details.n_layer)))

@@ -6,8 +6,7 @@ from typing import Any, Callable
 
 import click
 
-# llama.cpp's -ctk/-ctv names -> ggml type ids
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+from farctx.kv_types import KV_TYPES  # noqa: F401  (-ctk/-ctv choices; bench_cmd reads it here too)
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -82,13 +81,6 @@ def method_options(with_method: bool = True) -> Decorator:
         *(click.option(p.flag, p.name, type=click.IntRange(p.minimum), default=None,
                        help=p.option_help(methods)) for p in param_infos()),
     )
-
-
-def whole_stream_label() -> str:
-    """The extrapolating methods that keep the whole stream in the cache, "mesa/selfextend/rerope"-style."""
-    from farctx.methods import method_infos
-
-    return "/".join(m.name for m in method_infos().values() if not m.fixed_cache and not m.stock_graph)
 
 
 def method_keys() -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .options import llama_kwargs, method_options, model_option, runtime_options, whole_stream_label
+from .options import llama_kwargs, method_options, model_option, runtime_options
 
 
 @click.command()
@@ -15,17 +15,14 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="port to listen on")
 @click.option("-a", "--alias", default=None, help="the model's name in the API (default: the file name)")
-@click.option("--ctx-max", type=click.IntRange(0), default=0,
-              help=f"{whole_stream_label()}: largest cache a request may grow it to (0: 8 x n_ctx_train); with "
-                   "--parallel: each slot's cache, allocated at start (0: -c, else n_ctx_train; at least what a "
-                   "fixed-cache --method needs)")
-@click.option("-np", "--parallel", "parallel", type=click.IntRange(1, 256), default=None,
-              help="serve N requests at once (continuous batching), each in a slot of its own; unset: one at a time")
+@click.option("-np", "--parallel", "parallel", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="slots: requests served at once (continuous batching); -c is shared among them")
+@click.option("--ctx-max", "ctx_max", type=int, default=None, hidden=True, expose_value=True)
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(0), default=0, show_default=True,
               help="cap on a request's max_tokens: asking more (or nothing) gets the cap (0: no cap)")
 @click.option("-to", "--timeout", "timeout", type=click.FloatRange(0), default=0, show_default=True,
               help="seconds a request may take from its arrival; past it, it is cancelled and answered 408 (0: none)")
-@click.option("--metrics", is_flag=True, help="serve /metrics (Prometheus text format; needs --parallel)")
+@click.option("--metrics", is_flag=True, help="serve /metrics (Prometheus text format)")
 @click.option("--no-override", is_flag=True, help="refuse a per-request method (the `farctx` body field)")
 @click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` (comma-separated keys; /health stays open)")
 @click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -38,51 +35,41 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
               default="info", show_default=True)
 @runtime_options()
 @method_options()
-def serve(model: str | None, host: str, port: int, alias: str | None, ctx_max: int, parallel: int | None,
+def serve(model: str | None, host: str, port: int, alias: str | None, parallel: int, ctx_max: int | None,
           n_predict: int, timeout: float, metrics: bool, no_override: bool, api_key: str | None,
           api_key_file: str | None, ssl_key_file: str | None, ssl_cert_file: str | None, log_level: str,
           **opts: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
-    Prompts past the cache stream through it with the fixed-cache methods (e.g. lminf); with the
-    methods that keep the whole stream (e.g. mesa) the cache is sized to each prompt (up to
-    --ctx-max); vanilla answers a prompt that does not fit with llama.cpp's exceed_context_size_error. A request may ask for
-    another method with a `farctx` field ({"method": "mesa", ...}): the engine is loaded again
-    for it.
-
-    With --parallel N, N requests are served at once, each in a slot with a cache of its own
-    (--ctx-max cells), fed together step by step; a follow-up turn reuses the slot whose stream
-    shares the longest prefix with its prompt. /health then reports the slots, and --metrics
-    serves /metrics.
+    Requests are served in -np slots at once (1 by default), fed together step by step; a follow-up
+    turn reuses the slot whose stream shares the longest prefix with its prompt. -c is the KV cells
+    of all slots (each gets c / np); without it each slot gets what --method needs: the fixed-cache
+    methods (e.g. lminf) head + n_local + n_ubatch, through which prompts of any length stream;
+    vanilla n_ctx_train; the methods that keep the whole stream (e.g. mesa) 4 x n_ctx_train. A request
+    that does not fit its slot gets llama.cpp's exceed_context_size_error with the sizes. A request
+    may ask for another method with a `farctx` field ({"method": "mesa", ...}): its slot's stream is
+    opened again under it.
     """
     from farctx.models import resolve_model_path
-    from farctx.slot import Slot
 
     try:
-        from farctx.server import Limits, Server, limit_malloc_arenas
-        from farctx.server import serve as run_server
+        from farctx.serve.app import limit_malloc_arenas
+        from farctx.serve.app import serve as run_server
+        from farctx.serve.server import Limits, Server
     except ImportError as exc:
         raise click.ClickException(f"farctx serve needs the server packages: pip install 'farctx[serve]' ({exc})")
+    if ctx_max is not None:
+        raise click.BadParameter("is gone: -c sets the KV cells of all slots (each gets c / np), allocated at "
+                                 "start", param_hint="--ctx-max")
     limit_malloc_arenas()  # before the model, the scheduler and uvicorn start threads
 
     keys = api_keys(api_key, api_key_file)
     if (ssl_key_file is None) != (ssl_cert_file is None):
         raise click.BadParameter("give both or neither", param_hint="--ssl-key-file / --ssl-cert-file")
-    if metrics and parallel is None:
-        raise click.BadParameter("/metrics reports the slots of --parallel N", param_hint="--metrics")
     kwargs = llama_kwargs(opts)
-    slot = Slot.from_kwargs(model, kwargs, ctx_max=ctx_max)
     name = alias or Path(resolve_model_path(model)).stem
-    limits = Limits(n_predict=n_predict, timeout=timeout)
-    if parallel is None:
-        server = Server(slot, name, allow_override=not no_override, limits=limits)
-    else:
-        from farctx.batched_server import BatchedServer
-
-        if not ctx_max:
-            slot.ctx_max = max(int(kwargs.get("n_ctx") or 0), slot.n_ctx_train)
-        server = BatchedServer(slot, name, allow_override=not no_override, limits=limits, metrics=metrics,
-                               n_parallel=parallel)
+    server = Server(model, kwargs, name, n_parallel=parallel, allow_override=not no_override,
+                    limits=Limits(n_predict=n_predict, timeout=timeout), metrics=metrics)
     run_server(server, host=host, port=port, log_level=log_level, api_keys=keys,
                ssl=(ssl_key_file, ssl_cert_file) if ssl_key_file else None)
 

@@ -10,7 +10,6 @@ Registered models live in `farctx-models.json` in llm's user directory.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -110,31 +109,35 @@ class FarctxModel(llm.Model):
     def __init__(self, model_id: str, path: str) -> None:
         self.model_id = model_id
         self.path = path
-        self._slots: dict[int, Any] = {}
+        self._llm: Any = None
+        self._loaded: Optional[dict[str, Any]] = None
 
-    def _slot(self, n_ctx: int) -> Any:
-        from farctx.slot import Slot
+    def _engine(self, kwargs: dict[str, Any]) -> Any:
+        """farctx.Llama for these options (the method, its parameters, n_ctx), loaded again when they change;
+        its cache sized as every farctx command sizes it (farctx.methods.stream_cache)."""
+        from farctx.methods import llama_stream_cache
 
-        if n_ctx not in self._slots:
-            self._slots[n_ctx] = Slot(self.path, {"n_ctx": n_ctx}, {"method": "vanilla"}, log=open(os.devnull, "w"))
-        return self._slots[n_ctx]
+        if self._loaded != kwargs:
+            if self._llm is not None:
+                self._llm.close()
+                self._llm, self._loaded = None, None
+            sized = {**kwargs, "n_ctx": kwargs.get("n_ctx") or llama_stream_cache(self.path, kwargs)}
+            self._llm = farctx.Llama(self.path, **sized)
+            self._loaded = kwargs
+        return self._llm
 
     def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
                 conversation: Optional[llm.Conversation]) -> Iterator[str]:
         options = prompt.options
-        override = {name: getattr(options, name) for name in _METHOD_FIELDS
-                    if getattr(options, name) is not None}
+        kwargs = {name: getattr(options, name) for name in (*_METHOD_FIELDS, "n_ctx")
+                  if getattr(options, name) is not None}
         sampling = {name: getattr(options, name) for name in ("max_tokens", "temperature", "seed")
                     if getattr(options, name) is not None}
-        slot = self._slot(options.n_ctx or 0)
-        messages = _messages(prompt, conversation)
-        with slot.lock:
-            chunks = slot.run(lambda engine: engine.create_chat_completion(messages=messages, stream=True, **sampling),
-                              override)
-            for chunk in chunks:
-                piece = chunk["choices"][0]["delta"].get("content")
-                if piece:
-                    yield piece
+        llm = self._engine(kwargs)
+        for chunk in llm.create_chat_completion(messages=_messages(prompt, conversation), stream=True, **sampling):
+            piece = chunk["choices"][0]["delta"].get("content")
+            if piece:
+                yield piece
 
 
 def _messages(prompt: llm.Prompt, conversation: Optional[llm.Conversation]) -> list[dict[str, str]]:

@@ -30,7 +30,7 @@ static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
           true, false, FARCTX_PARAM_N_SINK, NEEDS_ROPE }, &farctx_streaming_ops },
     [FARCTX_METHOD_MESA] = {
         { "mesa", "Mesa-Extrapolation: a chunked prompt, stair positions, log-n query scale",
-          false, false, -1, NEEDS_ROPE }, &farctx_mesa_ops },
+          false, false, -1, NEEDS_ROPE, true }, &farctx_mesa_ops },
     [FARCTX_METHOD_SELFEXTEND] = {
         { "selfextend", "SelfExtend: a neighbour window, grouped distances beyond it",
           false, false, -1, NEEDS_ROPE }, &farctx_selfextend_ops },
@@ -70,7 +70,7 @@ int32_t farctx_method_count(void) {
 struct farctx_method_info farctx_method_get_info(int32_t method) {
     const struct farctx_method_def * d = farctx_method_def(method);
     if (d == NULL) {
-        struct farctx_method_info none = { NULL, NULL, false, false, -1, 0 };
+        struct farctx_method_info none = { NULL, NULL, false, false, -1, 0, false };
         return none;
     }
     return d->info;

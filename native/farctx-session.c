@@ -244,87 +244,6 @@ static int32_t chunk_failed(struct farctx_session * s, int32_t ret) {
         "llama_decode failed with code %d at token %lld", ret, (long long) s->n_past);
 }
 
-int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, int32_t n_tokens,
-                            bool all_logits, float * logits,
-                            farctx_progress_cb progress, void * progress_data) {
-    if (s == NULL) {
-        return FARCTX_ERR_PARAM;
-    }
-    s->error[0] = '\0';
-    int32_t rc = check_tokens(s, tokens, n_tokens);
-    if (rc != FARCTX_OK || n_tokens == 0) {
-        return rc;
-    }
-    rc = check_space(s, n_tokens);
-    if (rc != FARCTX_OK) {
-        return rc;
-    }
-
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
-    if (s->ops->begin_feed != NULL) {
-        s->ops->begin_feed(s, n_tokens);
-    }
-    /* a fixed-size cache evicts between calls: one ubatch per llama_decode */
-    const int32_t n_batch = (int32_t) (fixed_cache(s) ? llama_n_ubatch(s->ctx) : llama_n_batch(s->ctx));
-    /* sized to this call (one token per call when decoding): llama_batch_init allocates a sequence-id
-     * array per slot */
-    struct llama_batch batch = llama_batch_init(n_tokens < n_batch ? n_tokens : n_batch, 0, 1);
-
-    for (int32_t done = 0; done < n_tokens; ) {
-        const int32_t n = chunk_tokens(s, n_tokens - done, n_batch);
-        const bool last_chunk = done + n == n_tokens;
-
-        batch.n_tokens = n;
-        for (int32_t i = 0; i < n; ++i) {
-            batch.token[i]     = tokens[done + i];
-            batch.pos[i]       = (llama_pos) (s->n_past + i);
-            batch.n_seq_id[i]  = 1;
-            batch.seq_id[i][0] = s->seq;
-            batch.logits[i]    = (all_logits && logits != NULL) || (last_chunk && i == n - 1);
-        }
-
-        const struct llama_attn_extrap_params ex = chunk_params(s, n);
-        rc = begin_chunk(s, n);
-        if (rc == FARCTX_OK) {
-            rc = use_params(s, &ex);
-        }
-        if (rc != FARCTX_OK) {
-            llama_batch_free(batch);
-            return rc;
-        }
-
-        s->fill_error = false;
-        const int32_t ret = llama_decode(s->ctx, batch);
-        s->n_decode++;
-        if (ret != 0 || s->fill_error) {
-            llama_batch_free(batch);
-            return chunk_failed(s, ret);
-        }
-
-        if (logits != NULL) {
-            for (int32_t i = 0; i < n; ++i) {
-                if (!batch.logits[i]) {
-                    continue;
-                }
-                const float * src = llama_get_logits_ith(s->ctx, i);
-                float * dst = all_logits ? logits + (size_t) (done + i) * n_vocab : logits;
-                memcpy(dst, src, sizeof(float) * (size_t) n_vocab);
-            }
-        }
-
-        s->n_past += n;
-        done      += n;
-
-        if (progress != NULL && !progress(progress_data, done, n_tokens) && done < n_tokens) {
-            llama_batch_free(batch);
-            return farctx_session_fail(s, FARCTX_ERR_CANCELLED, "cancelled after %d of %d tokens", done, n_tokens);
-        }
-    }
-
-    llama_batch_free(batch);
-    return FARCTX_OK;
-}
-
 /* the sessions of one llama_decode: the callback of each sequence's queries is its session's */
 struct farctx_group {
     struct farctx_session ** members;
@@ -342,40 +261,57 @@ static int32_t group_fill(void * user_data, struct llama_attn_extrap_ubatch * ub
     return 1;  /* a sequence of no session of the group: llama.cpp fails the ubatch */
 }
 
-int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessions,
-                             const int32_t * const * tokens, const int32_t * n_tokens,
-                             float * logits, int32_t * failed) {
+/* the checks before a feed: one context, distinct sequences, tokens in the vocabulary, room in each cache */
+static int32_t check_feed(struct farctx_session ** sessions, int32_t n_sessions, const int32_t * const * tokens,
+                          const int32_t * n_tokens, int32_t * bad) {
+    struct llama_context * ctx = sessions[0] ? sessions[0]->ctx : NULL;
+    for (int32_t i = 0; i < n_sessions; ++i) {
+        struct farctx_session * s = sessions[i];
+        if (s == NULL) {
+            return FARCTX_ERR_PARAM;
+        }
+        s->error[0] = '\0';
+        *bad = i;
+        if (s->ctx != ctx) {
+            return farctx_session_fail(s, FARCTX_ERR_PARAM, "the sessions fed together must share one llama_context");
+        }
+        for (int32_t j = 0; j < i; ++j) {
+            if (sessions[j]->seq == s->seq) {
+                return farctx_session_fail(s, FARCTX_ERR_PARAM, "two sessions of sequence %d fed together", s->seq);
+            }
+        }
+        int32_t rc = check_tokens(s, tokens[i], n_tokens[i]);
+        if (rc == FARCTX_OK && n_tokens[i] > 0) {
+            rc = check_space(s, n_tokens[i]);
+        }
+        if (rc != FARCTX_OK) {
+            return rc;
+        }
+    }
+    return FARCTX_OK;
+}
+
+/*
+ * The one feed loop: n_tokens[i] tokens after session i's stream, for every session of one context. Each round
+ * decodes one group: the first stream with tokens left and every other whose next chunk has the same length and
+ * graph settings (llama.cpp splits a batch of several sequences into equal runs per sequence), at most n_ubatch
+ * tokens in all. The one chunking rule: a chunk is at most n_ubatch tokens (a llama_decode is one ubatch, as
+ * llama.cpp would split it; a fixed cache evicts between calls), cut where the method's segment ends.
+ * logits: NULL; all_logits false: row i = session i's last token; true: every token's row, session by session in
+ * token order. progress: (tokens done over all sessions, total) after each llama_decode; false cancels.
+ */
+static int32_t feed_streams(struct farctx_session ** sessions, int32_t n_sessions,
+                            const int32_t * const * tokens, const int32_t * n_tokens,
+                            bool all_logits, float * logits,
+                            farctx_progress_cb progress, void * progress_data, int32_t * failed) {
     if (failed != NULL) {
         *failed = -1;
     }
     if (n_sessions <= 0 || sessions == NULL || tokens == NULL || n_tokens == NULL) {
         return n_sessions == 0 ? FARCTX_OK : FARCTX_ERR_PARAM;
     }
-    struct llama_context * ctx = sessions[0] ? sessions[0]->ctx : NULL;
-    int32_t rc = FARCTX_OK;
     int32_t bad = -1;
-    for (int32_t i = 0; i < n_sessions && rc == FARCTX_OK; ++i) {
-        struct farctx_session * s = sessions[i];
-        if (s == NULL) {
-            return FARCTX_ERR_PARAM;
-        }
-        s->error[0] = '\0';
-        bad = i;
-        if (s->ctx != ctx) {
-            rc = farctx_session_fail(s, FARCTX_ERR_PARAM, "the sessions fed together must share one llama_context");
-        }
-        for (int32_t j = 0; j < i && rc == FARCTX_OK; ++j) {
-            if (sessions[j]->seq == s->seq) {
-                rc = farctx_session_fail(s, FARCTX_ERR_PARAM, "two sessions of sequence %d fed together", s->seq);
-            }
-        }
-        if (rc == FARCTX_OK) {
-            rc = check_tokens(s, tokens[i], n_tokens[i]);
-        }
-        if (rc == FARCTX_OK && n_tokens[i] > 0) {
-            rc = check_space(s, n_tokens[i]);
-        }
-    }
+    int32_t rc = check_feed(sessions, n_sessions, tokens, n_tokens, &bad);
     if (rc != FARCTX_OK) {
         if (failed != NULL) {
             *failed = bad;
@@ -383,18 +319,32 @@ int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessio
         return rc;
     }
 
+    struct llama_context * ctx = sessions[0]->ctx;
     const int32_t n_vocab  = llama_vocab_n_tokens(llama_model_get_vocab(sessions[0]->model));
     const int32_t n_ubatch = (int32_t) llama_n_ubatch(ctx);
+    int64_t n_total = 0;
+    for (int32_t i = 0; i < n_sessions; ++i) {
+        n_total += n_tokens[i];
+    }
+    if (n_total == 0) {
+        return FARCTX_OK;
+    }
     int32_t * done   = calloc((size_t) n_sessions, sizeof(int32_t));
     int32_t * chunk  = calloc((size_t) n_sessions, sizeof(int32_t));
+    int64_t * row0   = calloc((size_t) n_sessions, sizeof(int64_t));  /* all_logits: session i's first row */
     struct farctx_session ** members = calloc((size_t) n_sessions, sizeof(*members));
     int32_t * member_of = calloc((size_t) n_sessions, sizeof(int32_t));
     struct llama_attn_extrap_params * params = calloc((size_t) n_sessions, sizeof(*params));
-    struct llama_batch batch = llama_batch_init(n_ubatch, 0, 1);
-    if (done == NULL || chunk == NULL || members == NULL || member_of == NULL || params == NULL) {
+    /* sized to this call (one token per stream when decoding): llama_batch_init allocates a sequence-id array
+     * per slot */
+    struct llama_batch batch = llama_batch_init(n_total < n_ubatch ? (int32_t) n_total : n_ubatch, 0, 1);
+    if (done == NULL || chunk == NULL || row0 == NULL || members == NULL || member_of == NULL || params == NULL) {
         rc = farctx_session_fail(sessions[0], FARCTX_ERR_PARAM, "out of memory");
         bad = 0;
         goto out;
+    }
+    for (int32_t i = 1; i < n_sessions; ++i) {
+        row0[i] = row0[i - 1] + n_tokens[i - 1];
     }
     struct llama_attn_extrap_params own = llama_get_attn_extrap(ctx);  /* a session's own settings */
     for (int32_t i = 0; i < n_sessions; ++i) {
@@ -403,9 +353,7 @@ int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessio
         }
     }
 
-    /* each round decodes one group: the first stream with tokens left and every other whose next chunk has the
-     * same length and graph settings (llama.cpp splits a batch of several sequences into equal runs per
-     * sequence), at most n_ubatch tokens in all (a fixed cache evicts between calls) */
+    int64_t n_done = 0;
     for (;;) {
         int32_t lead = -1;
         for (int32_t i = 0; i < n_sessions; ++i) {
@@ -437,7 +385,7 @@ int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessio
                 batch.pos[b]       = (llama_pos) (s->n_past + t);
                 batch.n_seq_id[b]  = 1;
                 batch.seq_id[b][0] = s->seq;
-                batch.logits[b]    = done[i] + t == n_tokens[i] - 1;
+                batch.logits[b]    = (all_logits && logits != NULL) || done[i] + t == n_tokens[i] - 1;
             }
             rc = begin_chunk(s, n);
             bad = i;
@@ -484,11 +432,24 @@ int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessio
 
         for (int32_t g = 0, b = 0; g < n_members; ++g, b += n) {
             const int32_t i = member_of[g];
-            if (logits != NULL && done[i] + n == n_tokens[i]) {
+            if (logits != NULL && all_logits) {
+                for (int32_t t = 0; t < n; ++t) {
+                    memcpy(logits + (size_t) (row0[i] + done[i] + t) * n_vocab, llama_get_logits_ith(ctx, b + t),
+                           sizeof(float) * (size_t) n_vocab);
+                }
+            } else if (logits != NULL && done[i] + n == n_tokens[i]) {
                 memcpy(logits + (size_t) i * n_vocab, llama_get_logits_ith(ctx, b + n - 1), sizeof(float) * (size_t) n_vocab);
             }
             members[g]->n_past += n;
             done[i] += n;
+            n_done  += n;
+        }
+
+        if (progress != NULL && !progress(progress_data, n_done, n_total) && n_done < n_total) {
+            bad = lead;
+            rc = farctx_session_fail(sessions[lead], FARCTX_ERR_CANCELLED, "cancelled after %lld of %lld tokens",
+                                     (long long) n_done, (long long) n_total);
+            break;
         }
     }
 
@@ -507,10 +468,27 @@ out:
     llama_batch_free(batch);
     free(done);
     free(chunk);
+    free(row0);
     free(members);
     free(member_of);
     free(params);
     return rc;
+}
+
+int32_t farctx_session_feed(struct farctx_session * s, const int32_t * tokens, int32_t n_tokens,
+                            bool all_logits, float * logits,
+                            farctx_progress_cb progress, void * progress_data) {
+    if (s == NULL) {
+        return FARCTX_ERR_PARAM;
+    }
+    const int32_t * const streams[1] = { tokens };
+    return feed_streams(&s, 1, streams, &n_tokens, all_logits, logits, progress, progress_data, NULL);
+}
+
+int32_t farctx_sessions_feed(struct farctx_session ** sessions, int32_t n_sessions,
+                             const int32_t * const * tokens, const int32_t * n_tokens,
+                             float * logits, int32_t * failed) {
+    return feed_streams(sessions, n_sessions, tokens, n_tokens, false, logits, NULL, NULL, failed);
 }
 
 int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {

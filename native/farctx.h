@@ -93,6 +93,8 @@ struct farctx_method_info {
     bool     stock_graph;      /* llama.cpp's own graph (the baseline: no extrapolation)           */
     int32_t  head_param;       /* parameter index of the head tokens never evicted (n_global, n_sink); -1: none */
     uint32_t model_kinds;      /* enum farctx_model_kind bits: the models it can run on            */
+    bool     whole_prompt;     /* plans its prompt from the feed that brings it (mesa's chunks): a prompt
+                                  read in several feeds, or after other tokens, is read differently     */
 };
 
 FARCTX_API int32_t farctx_method_count(void);
@@ -190,11 +192,15 @@ FARCTX_API struct farctx_session * farctx_session_init_seq(
 FARCTX_API void farctx_session_free(struct farctx_session * session);
 
 /*
- * Feed tokens after the ones already in the stream, in batches of the context's n_batch.
+ * Feed tokens after the ones already in the stream: the one-session case of farctx_sessions_feed (one feed loop,
+ * one chunking rule: each llama_decode holds at most the context's n_ubatch tokens, cut where the method's segment
+ * ends; until 2026-12 this call decoded n_batch tokens at a time and let llama.cpp split them).
  * logits: NULL, or room for n_vocab floats (all_logits false: the last token's) or
  * n_tokens*n_vocab floats (all_logits true: every token's, in order). The context keeps the last
  * token's logits either way (llama_get_logits_ith(ctx, -1), what a sampler reads), as llama.cpp does
- * for any batch; with all_logits, every token of the last batch.
+ * for any batch; with all_logits, every token of the last chunk. progress (may be NULL) is called after each
+ * llama_decode with (tokens done, n_tokens); returning false cancels (FARCTX_ERR_CANCELLED; the tokens decoded
+ * so far stay in the stream).
  */
 FARCTX_API int32_t farctx_session_feed(
         struct farctx_session * session,
@@ -203,13 +209,14 @@ FARCTX_API int32_t farctx_session_feed(
         farctx_progress_cb progress, void * progress_data);
 
 /*
- * Feed several sessions of one context together: n_tokens[i] tokens (tokens[i]) after session i's stream (0: none).
- * Sessions whose next chunks have the same length and graph settings share a llama_decode (one row per
- * sequence: decoding N streams costs about one weight pass, not N). logits: NULL, or room for n_sessions * n_vocab
- * floats; row i receives the logits of session i's last token (left alone where n_tokens[i] is 0). On an error
- * no session keeps the tokens of the failing llama_decode; tokens decoded before it stay (farctx_session_stats'
- * n_past tells each session's), *failed (may be NULL) is the index of the session at fault and
- * farctx_session_error(sessions[*failed]) the message.
+ * Feed several sessions of one context together: n_tokens[i] tokens (tokens[i]) after session i's stream (0: none),
+ * in chunks of at most n_ubatch tokens in all per llama_decode (the rule of farctx_session_feed, which is this call
+ * for one session). Sessions whose next chunks have the same length and graph settings share a llama_decode (one
+ * row per sequence: decoding N streams costs about one weight pass, not N). logits: NULL, or room for
+ * n_sessions * n_vocab floats; row i receives the logits of session i's last token (left alone where n_tokens[i]
+ * is 0). On an error no session keeps the tokens of the failing llama_decode; tokens decoded before it stay
+ * (farctx_session_stats' n_past tells each session's), *failed (may be NULL) is the index of the session at fault
+ * and farctx_session_error(sessions[*failed]) the message.
  */
 FARCTX_API int32_t farctx_sessions_feed(
         struct farctx_session ** sessions, int32_t n_sessions,

@@ -10,10 +10,9 @@ from tiny_gguf import TinyConfig, write_tiny_gguf
 
 work = sys.argv[1]
 model = write_tiny_gguf(os.path.join(work, "tiny.gguf"), farctx.default_model_path(), TinyConfig())
-METHODS = {  # past n_local (32): second segments, stairs and groups are all in use
-    "vanilla": {}, "lminf": {}, "window": {}, "lambda-only": {}, "streaming": {}, "rerope": {},
-    "mesa": dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2), "selfextend": {},
-}
+# every method of the table, past n_local (32): second segments, stairs and groups are all in use
+PARAMS = {"mesa": dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)}
+METHODS = {m: PARAMS.get(m, {}) for m in farctx.METHODS}
 node = re.compile(r"node #\s*\d+ \(\s*([A-Z_0-9]+)\):\s+(\S+) \(.*?\) \[\s*(\S+)")
 tokens = random_tokens(100, seed=5)
 if os.environ.get("GPU_CHECK_PLACEMENT_METHODS"):

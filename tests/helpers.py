@@ -1,10 +1,15 @@
-"""Shared test helpers: running the engine over a token stream and the tolerances of the oracle checks."""
+"""Shared test helpers: the command line and the server in a child process, running the engine over a token
+stream, and the tolerances of the oracle checks."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -14,6 +19,12 @@ def gpu_layers() -> int:
     unset or 0: none, the CPU-only default). scripts/gpu-check sets `all`."""
     value = os.environ.get("FARCTX_TEST_NGL", "0").strip().lower()
     return -1 if value in ("all", "-1") else int(value)
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`farctx ARGS` in a child process (the installed command line)."""
+    return subprocess.run([sys.executable, "-m", "farctx.cli.main", *args], capture_output=True, text=True,
+                          input=stdin, timeout=300)
 
 
 # ggml type ids of the KV caches under test
@@ -126,3 +137,115 @@ def engine_logits(model: Path, tokens: list[int], n_prefill: int, *, n_ubatch: i
         return np.array(llm.scores[: len(tokens)], dtype=np.float64)
     finally:
         llm.close()
+
+
+# -- farctx serve in a child process ------------------------------------------------------------------
+
+SERVE_MESA = {"method": "mesa", "first_chunk": 4, "stair_width": 2, "last_context": 8, "gen_budget": 2}
+LONG_TEXT = " ".join(f"word{i % 17}" for i in range(100))  # about 7 x the tiny model's trained context (32)
+MID_TEXT = " ".join(f"word{i % 17}" for i in range(30))  # about 2 x (mesa is slow on this model past that)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_server(args: list[str], log: Path, base: str, **client: object) -> Iterator[str]:
+    """`farctx serve ARGS` in a child until the block ends; yields base once /health answers (client: httpx
+    options, e.g. verify for HTTPS)."""
+    import time
+
+    import httpx
+    import pytest
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "farctx.cli.main", "serve", *args], stdout=out,
+                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1, **client).status_code == 200:  # type: ignore[arg-type]
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"server did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post(server: str, path: str, body: object, **kw: object) -> "httpx.Response":  # noqa: F821
+    import json
+
+    import httpx
+
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(f"{server}{path}", content=content, headers={"Content-Type": "application/json"},
+                      timeout=60, **kw)  # type: ignore[arg-type]
+
+
+def server_metrics(server: str) -> dict[str, float]:
+    """/metrics as {name{labels}: value}."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(f"{server}/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def wait_idle(server: str) -> None:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server}/health").json()["slots_processing"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def ask(client: object, kind: str, prompt: str, max_tokens: int = 8, farctx: dict | None = None) -> str:
+    """One greedy request through the openai client: kind is completion, completion-stream, chat or
+    chat-stream; the answer's text."""
+    extra = {"extra_body": {"farctx": farctx}} if farctx else {}
+    c: Any = client
+    if kind == "completion":
+        return c.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                    **extra).choices[0].text
+    if kind == "completion-stream":
+        return "".join(x.choices[0].text for x in c.completions.create(
+            model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, **extra))
+    messages = [{"role": "user", "content": prompt}]
+    if kind == "chat":
+        return c.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, temperature=0,
+                                         **extra).choices[0].message.content or ""
+    return "".join(x.choices[0].delta.content or "" for x in c.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, stream=True, **extra) if x.choices)
+
+
+def concurrently(fns: list) -> list:
+    """Each function in a thread of its own, started together; their results in order."""
+    import threading
+
+    results: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, fns[i]())) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return [results.get(i) for i in range(len(fns))]

@@ -311,7 +311,7 @@ def test_session_keeps_its_stream_when_the_fill_fails(tiny_model):
     session's back): the feed reports the fill's reason, the stream keeps its length, and once the
     positions are back the same token gives the logits of an untouched run (an F32 cache: the two K-shifts
     rotate the keys there and back exactly enough)."""
-    from farctx.engine import _ffi, _lib
+    from farctx.stream import _ffi, _lib
 
     tokens = random_tokens(42, seed=65)
     kwargs = dict(method="lminf", n_global=4, n_local=16, n_ubatch=8, n_batch=8, type_k=0, type_v=0)
@@ -334,10 +334,10 @@ def test_session_keeps_its_stream_when_the_fill_fails(tiny_model):
 
         swap_head_pairs()
         token = np.array(tokens[41:], dtype=np.int32)
-        rc = _lib.farctx_session_feed(llm._session, _ffi.from_buffer("int32_t[]", token), 1, False, _ffi.NULL,
+        rc = _lib.farctx_session_feed(llm._stream._session, _ffi.from_buffer("int32_t[]", token), 1, False, _ffi.NULL,
                                       _ffi.NULL, _ffi.NULL)
         assert rc == _lib.FARCTX_ERR_PARAM
-        assert "not in the first cells" in _ffi.string(_lib.farctx_session_error(llm._session)).decode()
+        assert "not in the first cells" in _ffi.string(_lib.farctx_session_error(llm._stream._session)).decode()
         assert llm.stats()["n_past"] == n_past
         assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == n_past - 1
         swap_head_pairs()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from test_errors import run_cli
+from helpers import run_cli
 
-from farctx.bench import BenchResult, markdown_table, median, scaling, scaling_table
+from farctx.bench.harness import BenchResult, markdown_table, median, scaling, scaling_table
 
 
 def test_median_skips_missing_values():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from test_errors import run_cli
+from helpers import run_cli
 
+import farctx
 from farctx.chat import Chat, fixed_head_tokens, run_chat
-from farctx.slot import Slot
 
 
 def test_chat_cli_reads_lines_until_exit(tiny_model, tmp_path):
@@ -23,6 +23,19 @@ def test_chat_cli_reads_lines_until_exit(tiny_model, tmp_path):
     assert f"n_global {head}," in result.stderr  # the system prompt is the global tokens
 
 
+def test_chat_cli_keeps_streamings_sinks_on_the_fixed_head(tiny_model):
+    """The head column of the method table, not a list of method names: streaming's head is n_sink."""
+    result = run_cli("chat", "-m", str(tiny_model), "--method", "streaming", "-n", "2", "--temp", "0",
+                     "-sys", "You are terse.", stdin="Hi\n")
+    assert result.returncode == 0, result.stderr
+    assert f"n_sink {fixed_head_tokens(str(tiny_model), 'You are terse.')})" in result.stderr
+
+
+def test_chat_cli_refuses_the_retired_ctx_max(tiny_model):
+    result = run_cli("chat", "-m", str(tiny_model), "--ctx-max", "512", stdin="")
+    assert result.returncode == 2 and "--ctx-max" in result.stderr and "-c" in result.stderr
+
+
 def test_fixed_head_is_what_every_prompt_starts_with(tiny_model):
     with_system = fixed_head_tokens(str(tiny_model), "You are a very helpful assistant who answers briefly.")
     short_system = fixed_head_tokens(str(tiny_model), "Hi.")
@@ -31,21 +44,20 @@ def test_fixed_head_is_what_every_prompt_starts_with(tiny_model):
 
 def test_lminf_conversation_runs_past_n_ctx_train_in_constant_memory(tiny_model):
     head = fixed_head_tokens(str(tiny_model), "Answer.")
-    slot = Slot(str(tiny_model), {"n_ubatch": 16}, {"method": "lminf", "n_global": head}, log=io.StringIO())
-    chat = Chat(slot, system="Answer.", sampling={"max_tokens": 4, "temperature": 0})
-    cache = slot.engine(slot.method).n_ctx()
+    llm = farctx.Llama(str(tiny_model), method="lminf", n_global=head, n_ubatch=16)
+    chat = Chat(llm, system="Answer.", sampling={"max_tokens": 4, "temperature": 0})
+    cache = llm.n_ctx()
     for i in range(4):
         chat.turn(f"Tell me about item {i} " + "and more " * 8, io.StringIO())
-        assert slot.llm is not None and slot.llm.n_ctx() == cache
-        assert slot.llm.stats()["n_cells_used"] <= cache
-    stats = slot.llm.stats()
+        assert llm.n_ctx() == cache and llm.stats()["n_cells_used"] <= cache
+    stats = llm.stats()
     assert stats["n_past"] > 4 * 32  # the conversation is several times the trained context
     assert len(chat.messages) == 1 + 2 * 4 and chat.messages[-1]["role"] == "assistant"
 
 
 def test_document_goes_before_the_first_message(tiny_model):
-    slot = Slot(str(tiny_model), {"n_ubatch": 16}, {"method": "lminf"}, log=io.StringIO())
-    chat = Chat(slot, document="A long document.", sampling={"max_tokens": 2, "temperature": 0})
+    llm = farctx.Llama(str(tiny_model), method="lminf", n_ubatch=16)
+    chat = Chat(llm, document="A long document.", sampling={"max_tokens": 2, "temperature": 0})
     chat.turn("Summarise it.", io.StringIO())
     chat.turn("Thanks.", io.StringIO())
     assert chat.messages[0] == {"role": "user", "content": "A long document.\n\nSummarise it."}
@@ -53,34 +65,10 @@ def test_document_goes_before_the_first_message(tiny_model):
 
 
 def test_vanilla_says_when_the_conversation_does_not_fit_and_goes_on(tiny_model):
-    slot = Slot(str(tiny_model), {"n_ubatch": 16}, {"method": "vanilla"}, log=io.StringIO())
-    chat = Chat(slot, sampling={"max_tokens": 2, "temperature": 0})
+    llm = farctx.Llama(str(tiny_model), method="vanilla", n_ctx=256, n_ubatch=16)
+    chat = Chat(llm, sampling={"max_tokens": 2, "temperature": 0})
     out, err = io.StringIO(), io.StringIO()
     run_chat(chat, io.StringIO("word " * 400 + "\nshort\n"), out, err)
-    assert "exceeds the available context size" in err.getvalue() and "cache 256 cells" in err.getvalue()
+    assert "no longer fits the cache" in err.getvalue() and "context window of 256" in err.getvalue()
     assert [m["content"] for m in chat.messages if m["role"] == "user"] == ["short"]
     assert len(out.getvalue().splitlines()) == 1
-
-
-def test_a_prompt_is_tokenized_once(tiny_model, monkeypatch):
-    """The slot counts a prompt's tokens before anything is fed; the completion reuses those tokens."""
-    import llama_cpp
-
-    calls: list[bytes] = []
-    tokenize = llama_cpp.Llama.tokenize
-
-    def counting(self, text, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(bytes(text))
-        return tokenize(self, text, *args, **kwargs)
-
-    monkeypatch.setattr(llama_cpp.Llama, "tokenize", counting)
-    slot = Slot(str(tiny_model), {"n_ubatch": 16}, {"method": "rerope"}, log=io.StringIO())
-    prompt = "Once upon a time there was a prompt " * 3
-    for _ in range(2):  # the second time the engine is warm: still once
-        calls.clear()
-        result = slot.run(lambda llm: llm.create_completion(prompt, max_tokens=2, temperature=0))
-        assert calls.count(prompt.encode("utf-8")) == 1
-        assert result["usage"]["prompt_tokens"] == slot.llm.last_prompt_tokens
-    chat = slot.run(lambda llm: llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2))
-    assert chat["usage"]["prompt_tokens"] == slot.llm.last_prompt_tokens
-    slot.unload()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from test_errors import run_cli
+from helpers import run_cli
 
 
 def test_info_json_reports_trained_context(default_model):

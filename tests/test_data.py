@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import farctx
-from farctx.data import NOVELS, austen
+from farctx.eval.data import NOVELS, austen
 
 
 def test_austen_novels_read_from_the_debian_package():

@@ -7,14 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import random_tokens
+from helpers import random_tokens, run_cli
 
 import farctx
-
-
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "farctx.cli.main", *args], capture_output=True, text=True,
-                          input=stdin, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from helpers import random_tokens
 from oracle import method_rule
-from test_errors import run_cli
+from helpers import run_cli
 
 import farctx
-from farctx.eval_passkey import make_sample, parse_answer
-from farctx.eval_ppl import PplResult, nll, perplexity_of_method, pool
+from farctx.eval.passkey import make_sample, parse_answer
+from farctx.eval.ppl import PplResult, nll, perplexity_of_method, pool
 
 
 def test_ppl_nll_equals_the_oracle(tiny_model, oracle):

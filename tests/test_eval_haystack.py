@@ -7,10 +7,10 @@ import json
 import random
 
 import pytest
-from test_errors import run_cli
+from helpers import run_cli
 
 import farctx
-from farctx.eval_passkey import NEEDLE, PREFIX, QUESTION, haystack_paragraphs, make_haystack_sample
+from farctx.eval.passkey import NEEDLE, PREFIX, QUESTION, haystack_paragraphs, make_haystack_sample
 
 DOC = "\n\n".join(
     f"Paragraph {p} begins here. " + " ".join(f"Sentence {p}.{s} tells of the {['garden', 'letter', 'ball', 'visit'][s % 4]}"

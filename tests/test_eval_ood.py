@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from helpers import random_tokens
 from oracle import method_rule
-from test_errors import run_cli
+from helpers import run_cli
 
 import farctx
-from farctx.ood import OodRecorder, OodSettings, _first_run_outside, sampled_layers
-from farctx.tensor_probe import GgmlTensor, ggml_base, eval_callback_installed
+from farctx.eval.ood_recorder import OodRecorder, OodSettings, _first_run_outside, sampled_layers
+from farctx.eval.tensor_probe import GgmlTensor, ggml_base, eval_callback_installed
 
 
 def oracle_factors(oracle, tokens: list[int], rule) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import farctx
-from farctx.data import austen
+from farctx.eval.data import austen
 from farctx.models import gemma3_model_path
 
 

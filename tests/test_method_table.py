@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 import pytest
-from test_errors import run_cli
+from helpers import run_cli
 
 import farctx
 from farctx._native import native
@@ -80,7 +80,7 @@ def test_cli_options_equal_the_c_table(command):
 
 
 def test_server_fields_equal_the_c_table():
-    from farctx.server import FarctxOverride
+    from farctx.serve.requests import FarctxOverride
 
     fields = FarctxOverride.model_fields
     rows = c_params()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import F16, F32, engine_logits, kv_id, random_tokens, tolerance
 from oracle import mesa_rule, selfextend_rule
-from test_errors import run_cli
+from helpers import run_cli
 from test_oracle_mesa import L_TR, MESA, SELFEXTEND
 from test_oracle_methods import rule as methods_rule
 

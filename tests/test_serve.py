@@ -1,70 +1,48 @@
-"""farctx serve on the tiny model, through the official openai client and plain HTTP on loopback."""
+"""farctx serve on the tiny model, at -np 1 and -np 4 (one loop over N slots), through the official openai
+client and plain HTTP on loopback: every kind of request, errors, limits, prompt reuse, /metrics, keys, HTTPS."""
 
 from __future__ import annotations
 
 import json
-import socket
+import re
 import ssl
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
+from helpers import LONG_TEXT as LONG
+from helpers import MID_TEXT as MID
+from helpers import SERVE_MESA as MESA
+from helpers import ask, concurrently, free_port, post, running_server, server_metrics, wait_idle
 
-MESA = {"method": "mesa", "first_chunk": 4, "stair_width": 2, "last_context": 8, "gen_budget": 2}
-LONG = " ".join(f"word{i % 17}" for i in range(100))  # about 7 x the tiny model's trained context (32)
-MID = " ".join(f"word{i % 17}" for i in range(30))  # about 2 x (mesa is slow on this model past that)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+CAP = 40  # -n: the server's cap on max_tokens
+SLOT = 512  # cells per slot (-c is SLOT x np)
+N_BATCH, N_UBATCH = 64, 16
 
 
-@contextmanager
-def running_server(args: list[str], log: Path, base: str, **client: Any) -> Iterator[str]:
-    """`farctx serve ARGS` in a child until the block ends; yields base once /health answers (client: httpx
-    options, e.g. verify for HTTPS)."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "farctx.cli.main", "serve", *args], stdout=out,
-                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1, **client).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"server did not start:\n{log.read_text()}")
-            time.sleep(0.2)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+@pytest.fixture(scope="module", params=[1, 4], ids=lambda n: f"np{n}")
+def served(request, tiny_model, tmp_path_factory):
+    n = request.param
+    port = free_port()
+    log = tmp_path_factory.mktemp(f"serve-np{n}") / "server.log"
+    # -b 64: prompt pieces of 64 / np tokens (whole ubatches), so prompts are read in several steps
+    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", str(N_UBATCH), "-b", str(N_BATCH),
+            "-c", str(SLOT * n), "-np", str(n), "--metrics", "-n", str(CAP), "-a", "tiny", "--log-level", "warning"]
+    with running_server(args, log, f"http://127.0.0.1:{port}") as base:
+        yield base, n
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "--ctx-max", "512",
-            "-a", "tiny", "--log-level", "warning"]
-    with running_server(args, log, f"http://127.0.0.1:{port}") as base:
-        yield base
+def server(served):
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def n_slots(served):
+    return served[1]
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +50,25 @@ def client(server):
     return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
 
 
-def _post(server: str, path: str, body: object, **kw: object) -> httpx.Response:
-    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(f"{server}{path}", content=content, headers={"Content-Type": "application/json"},
-                      timeout=60, **kw)
+# requests of every kind: completions and chat, streamed and not, short and past the trained context, another method
+JOBS = [
+    ("completion", "The river ran", None),
+    ("completion-stream", "In the morning " + MID, None),
+    ("chat", "Tell me about " + LONG, None),  # about 6 x the trained context, through lminf
+    ("chat-stream", "Hello there", {"method": "window", "n_local": 16}),
+    ("completion", MID, MESA),  # a whole-stream method in its slot
+    ("completion-stream", "Once upon a time", {"method": "vanilla"}),
+]
 
 
-def test_health_and_models_show_the_method(server, client):
-    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+def test_health_and_models_show_the_slots_and_the_method(server, client, n_slots):
+    health = httpx.get(f"{server}/health").json()
+    assert health["status"] == "ok" and health["slots_idle"] + health["slots_processing"] == n_slots
     models = httpx.get(f"{server}/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["tiny"]
     meta = models[0]["meta"]
-    assert meta["method"] == "lminf" and meta["n_ctx_train"] == 32
+    assert meta["method"] == "lminf" and meta["n_ctx_train"] == 32 and meta["n_parallel"] == n_slots
+    assert meta["n_ctx"] == SLOT
     assert meta["params"] == {"n_ctx_train": 32, "n_global": 10, "n_local": 32}
     assert [m.id for m in client.models.list()] == ["tiny"]
 
@@ -123,29 +108,25 @@ def test_long_prompt_streams_through_lminf_with_progress(client):
     assert "".join(c.choices[0].text for c in chunks if "prompt_progress" not in (c.model_extra or {}))
 
 
-def test_mesa_request_gets_a_cache_sized_to_its_prompt(server, client):
+def test_requests_past_the_slot_get_the_sizes(server, client):
     done = client.completions.create(model="tiny", prompt=MID, max_tokens=4, temperature=0,
                                      extra_body={"farctx": MESA})
     assert done.usage.prompt_tokens > 2 * 32 and done.usage.completion_tokens == 4
-    too_long = _post(server, "/v1/completions", {"prompt": LONG * 3, "max_tokens": 4, "farctx": MESA})
+    too_long = post(server, "/v1/completions", {"prompt": LONG * 3, "max_tokens": 4, "farctx": MESA})
     assert too_long.status_code == 400
     error = too_long.json()["error"]
-    assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 512
-    assert error["n_prompt_tokens"] > 512 and "--ctx-max" in error["message"]
+    assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == SLOT
+    assert error["n_prompt_tokens"] > SLOT and "-c" in error["message"]
+    vanilla = post(server, "/v1/completions", {"prompt": LONG * 3, "max_tokens": 4, "farctx": {"method": "vanilla"}})
+    assert vanilla.status_code == 400
+    error = vanilla.json()["error"]
+    assert error["code"] == 400 and error["type"] == "exceed_context_size_error"
+    assert error["n_prompt_tokens"] > error["n_ctx"] == SLOT
+    with pytest.raises(openai.BadRequestError, match="exceeds the available context size"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": LONG * 3}], max_tokens=4,
+                                       stream=True, extra_body={"farctx": {"method": "vanilla"}})
     # the server's own method is back for the next request
     assert httpx.get(f"{server}/v1/models").json()["data"][0]["meta"]["method"] == "lminf"
-
-
-def test_vanilla_past_its_cache_is_llama_server_error(server):
-    response = _post(server, "/v1/completions", {"prompt": LONG * 3, "max_tokens": 4, "farctx": {"method": "vanilla"}})
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == 400 and error["type"] == "exceed_context_size_error"
-    assert error["n_prompt_tokens"] > error["n_ctx"] == 256  # n_ctx_train 32, rounded up by llama.cpp
-    with pytest.raises(openai.BadRequestError, match="exceeds the available context size"):
-        openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": LONG * 3}], max_tokens=4,
-            stream=True, extra_body={"farctx": {"method": "vanilla"}})
 
 
 @pytest.mark.parametrize(
@@ -166,47 +147,143 @@ def test_vanilla_past_its_cache_is_llama_server_error(server):
          "farctx.n_locl: Extra inputs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                                   "farctx": {"method": "mesa", "first_chunk": 100}}, "first_chunk (100)"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "farctx": {"method": "lminf", "n_local": 4096}},
+         "per slot"),
     ],
 )
 def test_bad_requests_get_a_400_with_a_message(server, path, body, message):
-    response = _post(server, path, body)
+    response = post(server, path, body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and message in error["message"], error
 
 
-def test_concurrent_streams_equal_sequential(client):
-    prompts = ["The river ran", "In the morning " + MID]
-
-    def run(prompt: str) -> str:
-        chunks = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0, stream=True)
-        return "".join(c.choices[0].text for c in chunks)
-
-    sequential = [run(p) for p in prompts]
-    results: dict[int, str] = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(prompts[i]))) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert [results.get(0), results.get(1)] == sequential
+def test_concurrent_greedy_answers_equal_each_alone(client):
+    alone = [ask(client, kind, prompt, farctx=farctx) for kind, prompt, farctx in JOBS]
+    assert all(alone)
+    together = concurrently([lambda j=j: ask(client, j[0], j[1], farctx=j[2]) for j in JOBS])
+    assert together == alone
 
 
-def test_client_leaving_mid_stream_leaves_the_server_healthy(server, client):
-    expected = client.completions.create(model="tiny", prompt="A long story:", max_tokens=5, temperature=0)
-    with httpx.stream("POST", f"{server}/v1/completions", timeout=60,
-                      json={"prompt": "A long story:", "max_tokens": 100000, "temperature": 0, "stream": True}) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(6)]
-    assert any(line.startswith("data: ") for line in got)
-    assert httpx.get(f"{server}/health").status_code == 200
-    again = client.completions.create(model="tiny", prompt="A long story:", max_tokens=5, temperature=0)
-    assert again.choices[0].text == expected.choices[0].text
+def test_a_follow_up_turn_reuses_the_prefix(server, client, n_slots):
+    wait_idle(server)
+    piece = N_BATCH // n_slots // N_UBATCH * N_UBATCH  # the scheduler's prompt piece
+    messages = [{"role": "system", "content": "You answer. " + MID}, {"role": "user", "content": "First " + MID}]
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+    before = server_metrics(server)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And then?"}]
+    second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+    after = server_metrics(server)
+    cached = after["farctx_prompt_tokens_cached_total"] - before["farctx_prompt_tokens_cached_total"]
+    read = after["farctx_prompt_tokens_total"] - before["farctx_prompt_tokens_total"]
+    assert cached + read == second.usage.prompt_tokens
+    # the first turn's prompt, cut back to a multiple of the prompt piece, is not read again
+    assert cached >= first.usage.prompt_tokens - piece > 0
+    assert read < second.usage.prompt_tokens - first.usage.prompt_tokens + piece + 8
+
+
+def test_metrics_in_prometheus_text_format(server, client, n_slots):
+    wait_idle(server)
+    before = server_metrics(server)
+    done = client.completions.create(model="tiny", prompt="Count: one two", max_tokens=5, temperature=0)
+    bad = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": "four"})
+    assert bad.status_code == 400
+    wait_idle(server)
+    text = httpx.get(f"{server}/metrics")
+    assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
+    for line in text.text.splitlines():  # the exposition format: comments, or name{labels} value
+        assert re.fullmatch(r"# (HELP|TYPE) \w+ .+|\w+(\{\w+=\"[^\"]*\"(,\w+=\"[^\"]*\")*\})? [0-9.e+-]+", line), line
+    after = server_metrics(server)
+    assert after['farctx_requests_total{status="200"}'] == before['farctx_requests_total{status="200"}'] + 1
+    assert after["farctx_generated_tokens_total"] - before["farctx_generated_tokens_total"] == \
+        done.usage.completion_tokens
+    assert after["farctx_prompt_tokens_total"] + after["farctx_prompt_tokens_cached_total"] - \
+        before["farctx_prompt_tokens_total"] - before["farctx_prompt_tokens_cached_total"] == done.usage.prompt_tokens
+    assert after["farctx_slots"] == n_slots and after["farctx_slots_busy"] == 0
+    assert after["farctx_requests_waiting"] == 0
+    cells = [after[f'farctx_kv_cells_used{{slot="{i}"}}'] for i in range(n_slots)]
+    assert max(cells) > 0
+    assert "# TYPE farctx_requests_total counter" in text.text and "# TYPE farctx_kv_cells_used gauge" in text.text
+
+
+def test_max_tokens_is_capped_by_n_predict(client):
+    done = client.completions.create(model="tiny", prompt="Once", max_tokens=CAP * 10, temperature=0,
+                                     extra_body={"logit_bias": {"2": -100, "0": -100}})
+    assert done.usage.completion_tokens <= CAP
+    assert done.choices[0].finish_reason == "stop" or done.usage.completion_tokens == CAP
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0)
+    assert chat.usage.completion_tokens <= CAP
+
+
+def test_a_client_leaving_mid_stream_leaves_the_others_alone(server, client):
+    others = [("completion-stream", "The river ran", None), ("chat", "Hello " + MID, None)]
+    alone = [ask(client, kind, prompt, farctx=farctx) for kind, prompt, farctx in others]
+
+    def leave() -> int:
+        with httpx.stream("POST", f"{server}/v1/completions", timeout=60,
+                          json={"prompt": "A long story:", "max_tokens": 100000, "temperature": 0, "stream": True}) as r:
+            lines = r.iter_lines()
+            return len([next(lines) for _ in range(6)])
+
+    together = concurrently([leave] + [lambda j=j: ask(client, j[0], j[1], farctx=j[2]) for j in others])
+    assert together[0] == 6 and together[1:] == alone
+    wait_idle(server)
+    assert httpx.get(f"{server}/health").json()["slots_processing"] == 0
+    assert ask(client, others[0][0], others[0][1]) == alone[0]
+
+
+# -- servers of their own -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_slots", [1, 3])
+def test_timeout_cancels_a_request_and_the_others_finish(tiny_model, tmp_path, n_slots):
+    port = free_port()
+    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "-np", str(n_slots),
+            "-to", "1.5", "--log-level", "warning"]
+    with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}") as base:
+        quick = {"prompt": "The river ran", "max_tokens": 4, "temperature": 0}
+        endless = {"prompt": "A long story:", "max_tokens": 10**6, "temperature": 0,
+                   "logit_bias": {"2": -100, "0": -100}}  # no end of text
+
+        def stream_endless() -> list[str]:
+            with httpx.stream("POST", f"{base}/v1/completions", json={**endless, "stream": True}, timeout=60) as r:
+                return [line for line in r.iter_lines() if line.startswith("data: ")]
+
+        if n_slots == 1:  # one after the other: each past the timeout is cut there, the slot serves the next
+            whole, streamed = post(base, "/v1/completions", endless), stream_endless()
+            short = post(base, "/v1/completions", quick)
+        else:
+            whole, streamed, short = concurrently([lambda: post(base, "/v1/completions", endless), stream_endless,
+                                                   lambda: post(base, "/v1/completions", quick)])
+        assert whole.status_code == 408 and whole.json()["error"]["type"] == "timeout_error"
+        last = json.loads(streamed[-1][len("data: "):])
+        assert last["error"]["code"] == 408 and len(streamed) > 2
+        assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(f"{base}/health").json()["slots_processing"] == 0
+
+
+def test_one_slot_by_default_metrics_when_asked_and_sizes_checked_at_start(tiny_model, tmp_path):
+    port = free_port()
+    args = ["-m", str(tiny_model), "--port", str(port), "--api-key", "k", "--log-level", "warning"]
+    with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}") as base:
+        assert httpx.get(f"{base}/health").json()["slots_idle"] == 1
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        assert httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer k"}).status_code == 501
+        meta = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["meta"]
+        assert meta["n_parallel"] == 1 and meta["n_ctx"] == 256  # vanilla: n_ctx_train (32), rounded by llama.cpp
+    # a fixed-cache method's slots below what it needs: refused at start, with the sizes
+    small = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--method",
+                            "lminf", "-ub", "16", "-c", "100", "-np", "2"], capture_output=True, text=True, timeout=120)
+    assert small.returncode == 1 and "needs 58 KV cells per stream (100 cells / 2 streams)" in small.stderr, small.stderr
+    gone = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--ctx-max", "512"],
+                          capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 2 and "-c sets the KV cells of all slots" in gone.stderr
 
 
 def test_api_key_required(tiny_model, tmp_path):
     """--api-key / --api-key-file: 401 without a valid `Authorization: Bearer` key, /health stays open."""
-    port = _free_port()
+    port = free_port()
     keys = tmp_path / "keys.txt"
     keys.write_text("second-key\n\n")
     args = ["-m", str(tiny_model), "--port", str(port), "--api-key", "first-key", "--api-key-file", str(keys),
@@ -225,7 +302,7 @@ def test_api_key_required(tiny_model, tmp_path):
 
 
 def test_warning_on_an_open_address_without_a_key():
-    from farctx.server import is_loopback
+    from farctx.serve.app import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
@@ -240,7 +317,7 @@ def test_https_with_a_key_and_certificate(tiny_model, tmp_path):
     half = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model),
                            "--ssl-key-file", str(key)], capture_output=True, text=True, timeout=120)
     assert half.returncode == 2 and "give both or neither" in half.stderr
-    port = _free_port()
+    port = free_port()
     args = ["-m", str(tiny_model), "--port", str(port), "--ssl-key-file", str(key), "--ssl-cert-file", str(cert),
             "--log-level", "warning"]
     with running_server(args, tmp_path / "server.log", f"https://127.0.0.1:{port}", verify=trust) as base:
@@ -248,3 +325,22 @@ def test_https_with_a_key_and_certificate(tiny_model, tmp_path):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
         done = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, verify=trust, timeout=60)
         assert done.status_code == 200
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("lminf", []), ("streaming", []),
+    ("mesa", ["--first-chunk", "4", "--stair-width", "2", "--last-context", "8", "--gen-budget", "2"])])
+def test_slots_at_the_default_models_depth_with_flash_attention(deep_model, tmp_path, method, extra):
+    """`farctx serve --method M -np 2 -fa on` on a model as deep as the bundled one (30 layers): the graphs of two
+    streams per layer fit their budget (a 2-layer model hid an abort at the first request), and two concurrent
+    requests, one far past the trained context, get the answers each gets alone."""
+    port = free_port()
+    args = ["-m", str(deep_model), "--method", method, "--port", str(port), "-ub", "16", "-b", "64", "-np", "2",
+            "-fa", "on", "-c", "1024", "-n", "8", "-a", "tiny", "--log-level", "warning", *extra]
+    with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}") as base:
+        deep = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        jobs = [("completion", "The river ran", None), ("completion-stream", "Tell me about " + LONG, None)]
+        alone = [ask(deep, kind, prompt, farctx=farctx) for kind, prompt, farctx in jobs]
+        together = concurrently([lambda j=j: ask(deep, j[0], j[1], farctx=j[2]) for j in jobs])
+        assert together == alone and all(isinstance(a, str) for a in alone)
+        assert httpx.get(f"{base}/health").json()["status"] == "ok"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_errors import run_cli
+from helpers import run_cli
 
 import farctx
 

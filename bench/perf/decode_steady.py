@@ -20,7 +20,7 @@ import time
 
 
 def one(model: str, method: str, length: int, n_gen: int) -> str:
-    from farctx.bench_worker import corpus, open_farctx
+    from farctx.bench.worker import corpus, open_farctx
 
     llm = open_farctx(model, method, length, n_gen, {"n_threads": 2, "flash_attn": True, "verbose": False})
     tokens = corpus(lambda b: llm.tokenize(b, add_bos=False), length + n_gen)

@@ -16,7 +16,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat > "$tmp/worker.py" <<'PY'
 import os, sys
-from farctx.bench_worker import corpus, open_farctx
+from farctx.bench.worker import corpus, open_farctx
 model, method, length, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 llm = open_farctx(model, method, length, n + 1, {"n_threads": 2, "flash_attn": True, "verbose": False})
 tokens = corpus(lambda b: llm.tokenize(b, add_bos=False), length + n + 1)

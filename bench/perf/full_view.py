@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = r"""
 import json, statistics, sys, time
-from farctx.bench_worker import corpus, open_farctx
+from farctx.bench.worker import corpus, open_farctx
 model, method, length, n_blocks, block = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 n = n_blocks*block
 llm = open_farctx(model, method, length, n + 1, {"n_threads": 2, "flash_attn": True, "verbose": False})

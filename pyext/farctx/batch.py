@@ -15,19 +15,12 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from . import rpc
-from ._log import LlamaLog
-from ._native import native
-from .errors import FarctxError, NoSpaceError
+from .errors import FarctxError
+from .kv_types import check_kv_types, kv_type_id
 from .methods import MethodParams
 from .models import check_gguf, resolve_model_path
-
-_N = native()
-_ffi, _lib = _N.ffi, _N.lib
-_LOG = LlamaLog(_N.llama_cpp)
-
-
-def _message(buf: Any) -> str:
-    return _ffi.string(buf).decode("utf-8", errors="replace")
+from .stream import LOG as _LOG
+from .stream import Stream, _N, feed_together
 
 
 class SequenceBatch:
@@ -54,15 +47,15 @@ class SequenceBatch:
             # llama.cpp keeps an output row per sequence in a buffer of n_batch rows (it aborts past it)
             raise FarctxError(f"n_batch ({n_batch}) must be at least n_seq ({n_seq}) and n_ubatch ({n_ubatch}) "
                               "at least 1: each decode holds an output row per sequence")
-        if kwargs.get("type_v") not in (None, 0, 1, 30) and not kwargs.get("flash_attn"):
-            raise FarctxError("a quantized V cache (-ctv) needs flash attention (-fa on)")
+        for key in ("type_k", "type_v"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = kv_type_id(kwargs[key])
+        check_kv_types(kwargs.get("type_k"), kwargs.get("type_v"), bool(kwargs.get("flash_attn")))
         llama_cpp = _N.llama_cpp
         path = resolve_model_path(model_path)
         check_gguf(path)
         self.model_path = str(path)
-        self._sessions: list[Any] = [None] * n_seq
-        self._tokens: list[list[int]] = [[] for _ in range(n_seq)]
-        self._methods: list[Optional[MethodParams]] = [None] * n_seq
+        self._streams: list[Optional[Stream]] = [None] * n_seq
 
         verbose = bool(kwargs.get("verbose", False))
         _LOG.clear()
@@ -115,69 +108,48 @@ class SequenceBatch:
 
     # -- streams -------------------------------------------------------------------------------
 
-    def _session(self, seq: int) -> Any:
+    def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq:
             raise FarctxError(f"sequence {seq} is not in the batch (0 .. {self.n_seq - 1})")
-        session = self._sessions[seq]
-        if session is None:
+
+    def _stream(self, seq: int) -> Stream:
+        self._check_seq(seq)
+        stream = self._streams[seq]
+        if stream is None:
             raise FarctxError(f"sequence {seq} is not open")
-        return session
+        return stream
 
     def open(self, seq: int, method: str = "vanilla", **params: int) -> None:
         """(Re)start stream `seq` empty, under `method` and its parameters (farctx.Llama's names)."""
-        if not 0 <= seq < self.n_seq:
-            raise FarctxError(f"sequence {seq} is not in the batch (0 .. {self.n_seq - 1})")
+        self._check_seq(seq)
         chosen = MethodParams.from_kwargs(method, params)
         self.release(seq)
-        err = _ffi.new("char[]", 512)
-        session = _lib.farctx_session_init_seq(self._cctx, chosen.to_c(_ffi, _lib), seq, err, 512)
-        if session == _ffi.NULL:
-            raise FarctxError(_message(err))
-        self._sessions[seq] = _ffi.gc(session, _lib.farctx_session_free)
-        self._methods[seq] = MethodParams.from_c(_lib.farctx_session_params(session), _ffi, _lib)
-        self._tokens[seq] = []
+        self._streams[seq] = Stream(self._cctx, chosen, self.n_vocab, seq)
 
     def release(self, seq: int) -> None:
         """Close stream `seq` and free its cells (a no-op for a stream that is not open)."""
-        session = self._sessions[seq]
-        if session is not None:
-            self._sessions[seq] = None
-            _ffi.release(session)
+        stream = self._streams[seq]
+        if stream is not None:
+            self._streams[seq] = None
+            stream.close()
             mem = _N.llama_cpp.llama_get_memory(self._ctx)
             _N.llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
-        self._tokens[seq] = []
-        self._methods[seq] = None
 
     def method(self, seq: int) -> MethodParams:
         """The method and parameters in force for stream `seq` (defaults resolved)."""
-        self._session(seq)
-        method = self._methods[seq]
-        assert method is not None
-        return method
+        return self._stream(seq).method
 
     def n_past(self, seq: int) -> int:
-        self._session(seq)
-        return len(self._tokens[seq])
+        return self._stream(seq).n_past
 
     def tokens(self, seq: int) -> list[int]:
         """The tokens of stream `seq` so far."""
-        self._session(seq)
-        return list(self._tokens[seq])
+        return list(self._stream(seq).tokens)
 
     def rewind(self, seq: int, n_keep: int) -> None:
         """Keep the first `n_keep` tokens of stream `seq` (fed again from the start where the method cannot cut
         its cache there)."""
-        session = self._session(seq)
-        rc = _lib.farctx_session_rewind(session, n_keep)
-        if rc == _lib.FARCTX_ERR_REPLAY:
-            kept = self._tokens[seq][:n_keep]
-            self._check(session, _lib.farctx_session_rewind(session, 0))
-            self._tokens[seq] = []
-            if kept:
-                self.step({seq: kept})
-            return
-        self._check(session, rc)
-        del self._tokens[seq][n_keep:]
+        self._stream(seq).rewind(n_keep)
 
     def step(self, feeds: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
         """Append tokens to several streams at once; returns each fed stream's last-token logits.
@@ -188,52 +160,20 @@ class SequenceBatch:
         order = [seq for seq, toks in feeds.items() if len(toks) > 0]
         if not order:
             return {}
-        sessions = [self._session(seq) for seq in order]
-        arrays = [np.ascontiguousarray(np.asarray(feeds[seq], dtype=np.int32)) for seq in order]
-        ptrs = _ffi.new("int32_t *[]", [_ffi.from_buffer("int32_t[]", a) for a in arrays])
-        counts = _ffi.new("int32_t[]", [len(a) for a in arrays])
-        out = np.empty((len(order), self.n_vocab), dtype=np.single)
-        failed = _ffi.new("int32_t *")
-        c_sessions = _ffi.new("struct farctx_session *[]", sessions)
-        before = [self._past(s) for s in sessions]
-        rc = _lib.farctx_sessions_feed(c_sessions, len(order), _ffi.cast("const int32_t * const *", ptrs), counts,
-                                       _ffi.from_buffer("float[]", out), failed)
-        for seq, session, arr, n0 in zip(order, sessions, arrays, before):
-            n_fed = self._past(session) - n0
-            self._tokens[seq].extend(int(t) for t in arr[:n_fed])
-        if rc != _lib.FARCTX_OK:
-            at = failed[0] if 0 <= failed[0] < len(order) else 0
-            message = _message(_lib.farctx_session_error(sessions[at]))
-            error = NoSpaceError if rc == _lib.FARCTX_ERR_NO_SPACE else FarctxError
-            raise error(f"sequence {order[at]}: {message}")
-        return {seq: out[i] for i, seq in enumerate(order)}
-
-    @staticmethod
-    def _past(session: Any) -> int:
-        s = _ffi.new("struct farctx_stats *")
-        _lib.farctx_session_stats(session, s)
-        return int(s.n_past)
+        rows = feed_together([self._stream(seq) for seq in order], [feeds[seq] for seq in order])
+        return {seq: rows[i] for i, seq in enumerate(order)}
 
     def stats(self, seq: int) -> dict[str, int]:
         """farctx.Llama.stats() of stream `seq`: its tokens, its cells in use and size, the cache's bytes."""
-        s = _ffi.new("struct farctx_stats *")
-        _lib.farctx_session_stats(self._session(seq), s)
-        return {name: int(getattr(s, name)) for name in
-                ("n_past", "n_ctx", "n_cells_used", "n_ctx_train", "n_decode", "kv_bytes", "n_stair_moves",
-                 "n_cache_rotations")}
-
-    @staticmethod
-    def _check(session: Any, rc: int) -> None:
-        if rc != _lib.FARCTX_OK:
-            raise FarctxError(_message(_lib.farctx_session_error(session)))
+        return self._stream(seq).stats()
 
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        for seq in range(len(self._sessions)):
-            if self._sessions[seq] is not None:
-                _ffi.release(self._sessions[seq])
-                self._sessions[seq] = None
+        for seq, stream in enumerate(getattr(self, "_streams", [])):
+            if stream is not None:
+                stream.close()
+                self._streams[seq] = None
         if getattr(self, "_ctx", None):
             _N.llama_cpp.llama_free(self._ctx)
             self._ctx = None

@@ -1,10 +1,11 @@
 """`farctx chat`: a conversation in the terminal, with the model's chat template, past n_ctx_train.
 
 Each line on stdin is a user message; the answer streams to stdout. `/exit` (or end of input)
-ends the chat. The whole conversation is sent each turn through a `Slot`: with lminf the
-cache stays the same size however long the conversation gets, and the fixed head of every
-prompt (BOS, the system prompt, the first user header) are the global tokens; mesa, selfextend
-and rerope get a larger cache when the conversation needs one; vanilla says when it is full.
+ends the chat. The whole conversation is sent each turn to one `farctx.Llama` (llama_cpp reuses the
+prefix it has already read): with the fixed-cache methods (lminf) the cache stays the same size however
+long the conversation gets, and the fixed head of every prompt (BOS, the system prompt, the first user
+header) is the head the method keeps; the other methods keep the whole conversation in their cache and
+say when it is full (the turn is dropped, the conversation goes on).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
-from .slot import ContextError, Slot
+from .errors import ContextSizeError, NoSpaceError
 
 EXIT_COMMANDS = ("/exit", "/quit", "/bye")
 
@@ -24,9 +25,9 @@ def fixed_head_tokens(model_path: str, system: Optional[str]) -> int:
     given) and the header of the first user turn."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from . import engine
+    from .stream import open_tokenizer
 
-    vocab = engine._N.llama_cpp.Llama(model_path, vocab_only=True, n_ctx=256, verbose=False)
+    vocab = open_tokenizer(model_path)
     try:
         template = vocab.metadata.get("tokenizer.chat_template")
         if template is None:
@@ -46,9 +47,9 @@ def fixed_head_tokens(model_path: str, system: Optional[str]) -> int:
 
 @dataclass
 class Chat:
-    """A conversation over a slot: `messages` grows turn by turn."""
+    """A conversation with a farctx.Llama: `messages` grows turn by turn."""
 
-    slot: Slot
+    llm: Any
     system: Optional[str] = None
     document: Optional[str] = None  # prefixed to the first user message
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -64,15 +65,19 @@ class Chat:
         self.messages.append({"role": "user", "content": text if document is None else f"{document}\n\n{text}"})
         pieces: list[str] = []
         try:
-            with self.slot.lock:
-                stream = self.slot.run(
-                    lambda llm: llm.create_chat_completion(messages=self.messages, stream=True, **self.sampling))
+            try:
+                stream = self.llm.create_chat_completion(messages=self.messages, stream=True, **self.sampling)
                 for chunk in stream:
                     piece = chunk["choices"][0]["delta"].get("content")
                     if piece:
                         pieces.append(piece)
                         out.write(piece)
                         out.flush()
+            except ValueError as exc:  # llama_cpp's check of the prompt against the cache
+                if "exceed context window" not in str(exc):
+                    raise
+                raise ContextSizeError(f"the conversation no longer fits the cache: {exc}", 0,
+                                       self.llm.n_ctx()) from None
         except BaseException:
             self.messages.pop()  # the turn did not happen
             self.document = document
@@ -101,8 +106,8 @@ def run_chat(chat: Chat, stdin: Optional[TextIO] = None, stdout: Optional[TextIO
             continue
         try:
             chat.turn(text, stdout)
-        except ContextError as exc:
-            stderr.write(f"farctx: {exc} ({exc.n_prompt_tokens} prompt tokens, cache {exc.n_ctx} cells)\n")
+        except (ContextSizeError, NoSpaceError) as exc:
+            stderr.write(f"farctx: {exc} (the message is dropped; -c sets the cache)\n")
             continue
         stdout.write("\n")
         stdout.flush()

@@ -1,4 +1,4 @@
-"""The one exception type farctx raises for bad input and failed runs."""
+"""The exceptions farctx raises for bad input and failed runs (all of them FarctxError)."""
 
 from __future__ import annotations
 
@@ -9,3 +9,12 @@ class FarctxError(Exception):
 
 class NoSpaceError(FarctxError):
     """The tokens do not fit in the KV cache under the chosen method."""
+
+
+class ContextSizeError(FarctxError):
+    """A prompt (plus the generation it asks for) does not fit in the cache, with llama.cpp's sizes."""
+
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx

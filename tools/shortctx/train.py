@@ -31,7 +31,7 @@ from corpus import HELD_OUT, held_out_text, training_texts  # noqa: E402
 from export import EOT, export, f16_rounded, torch_logits  # noqa: E402
 from model import Config, ShortCtxLlama  # noqa: E402
 
-from farctx.eval_passkey import make_sample, parse_answer  # noqa: E402
+from farctx.eval.passkey import make_sample, parse_answer  # noqa: E402
 
 
 class Log:

@@ -10,7 +10,7 @@ import gzip
 import zlib
 from pathlib import Path
 
-from .errors import FarctxError
+from ..errors import FarctxError
 
 AUSTEN_DIR = Path("/usr/lib/R/site-library/janeaustenr/data")
 NOVELS = ("emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice", "sensesensibility")

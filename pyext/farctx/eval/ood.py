@@ -1,5 +1,5 @@
 """`farctx eval ood`: one document streamed through each method, the out-of-distribution factors
-recorded per layer and position bucket (farctx.ood), the positions where they leave the range the
+recorded per layer and position bucket (farctx.eval.ood_recorder), the positions where they leave the range the
 same run showed inside the trained context.
 
 Protocol: the first max(lengths) tokens of the document are fed once, as one prompt (so mesa
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from .errors import FarctxError
-from .ood import FACTORS, OodRecorder, OodReport, OodSettings
+from ..errors import FarctxError
+from .ood_recorder import FACTORS, OodRecorder, OodReport, OodSettings
 from .tensor_probe import eval_callback_installed
 
 PROTOCOL = (

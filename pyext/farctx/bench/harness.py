@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from . import _paths
-from .errors import FarctxError
+from .. import _paths
+from ..errors import FarctxError
 
 
 @dataclass
@@ -38,7 +38,7 @@ class BenchResult:
 
 def stock_lib_dir() -> Path:
     """Stock llama.cpp built from the same source (FARCTX_STOCK_LIB_DIR, or a checkout's build/cmake-stock)."""
-    checkout = Path(__file__).resolve().parents[2]  # meaningful in a checkout (editable install) only
+    checkout = Path(__file__).resolve().parents[3]  # meaningful in a checkout (editable install) only
     folder = Path(os.environ.get("FARCTX_STOCK_LIB_DIR", checkout / "build" / "cmake-stock" / "bin"))
     if not (folder / "libllama.so").exists() and not (folder / "libllama.dylib").exists():
         raise FarctxError(f"stock llama.cpp not built in {folder}: run FARCTX_STOCK=1 scripts/build.sh")
@@ -55,7 +55,7 @@ def run_worker(model: str, method: str, length: int, n_gen: int, kwargs: dict[st
     env = dict(os.environ)
     if not stock and method_kwargs:
         kwargs = {**kwargs, **method_kwargs}
-    cmd = [sys.executable, "-m", "farctx.bench_worker", "--model", model, "--method", method,
+    cmd = [sys.executable, "-m", "farctx.bench.worker", "--model", model, "--method", method,
            "--length", str(length), "--n-gen", str(n_gen), "--kwargs", json.dumps(kwargs)]
     if stock:
         env["LLAMA_CPP_LIB_PATH"] = str(stock_lib_dir())
@@ -154,7 +154,7 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
 
 
 def plot_bench(results: Sequence[BenchResult], path: Path, title: str = "") -> None:
-    from .plots import _pyplot
+    from ..eval.plots import _pyplot
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), dpi=100)

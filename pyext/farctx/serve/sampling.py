@@ -15,7 +15,7 @@ class RowSampler:
     """One request's sampler chain (a `llama_cpp._internals.LlamaSampler`) over rows of n_vocab logits."""
 
     def __init__(self, chain: Any, n_vocab: int) -> None:
-        from ._native import native
+        from .._native import native
 
         self._lc = native().llama_cpp
         self.chain = chain

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from . import _paths
+from .. import _paths
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
@@ -59,7 +59,7 @@ _BASE = {"darwin": "libggml-base.dylib", "win32": "ggml-base.dll"}
 @lru_cache(maxsize=1)
 def ggml_base() -> Any:
     """libggml-base (the one libllama uses), with the few functions read here."""
-    from ._native import native
+    from .._native import native
 
     native()  # llama_cpp first: the same libggml-base is loaded once
     lib = ctypes.CDLL(str(_paths.lib_dir() / _BASE.get(sys.platform, "libggml-base.so")))
@@ -152,7 +152,7 @@ class Probe:
 
 
 def _callback_type() -> Any:
-    from ._native import native
+    from .._native import native
 
     return native().llama_cpp.ggml_backend_sched_eval_callback
 
@@ -166,7 +166,7 @@ def eval_callback_installed(probe: Probe) -> Iterator[None]:
     """Inside: every llama context this thread creates gets `probe` as its evaluation callback (build the
     farctx.Llama here; llama_cpp.Llama makes its context parameters with
     llama_context_default_params() in its constructor, and cb_eval has no setter after that)."""
-    from ._native import native
+    from .._native import native
 
     module = native().llama_cpp.llama_cpp
     with _INSTALL_LOCK:

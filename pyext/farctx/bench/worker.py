@@ -1,6 +1,6 @@
 """One benchmark measurement in a process of its own (so stock and patched llama.cpp never share one).
 
-    python -m farctx.bench_worker --method lminf --length 4096 [--stock] [llama options as JSON]
+    python -m farctx.bench.worker --method lminf --length 4096 [--stock] [llama options as JSON]
 
 Prints one JSON object: prefill_tps, decode_tps, kv_bytes, rss_bytes. With --stock it runs
 llama-cpp-python's own Llama on the unpatched library (LLAMA_CPP_LIB_PATH set by the caller).
@@ -16,7 +16,7 @@ import time
 
 
 def corpus(tokenize, n: int) -> list[int]:
-    from farctx.data import NOVELS, austen
+    from farctx.eval.data import NOVELS, austen
 
     tokens: list[int] = []
     for novel in NOVELS:
@@ -33,10 +33,10 @@ def open_farctx(model: str, method: str, length: int, n_gen: int, kwargs: dict):
     libfarctx's cache for it, fixed-cache methods size their own."""
     import farctx
 
-    from farctx.methods import fixed_cache, stream_cells
+    from farctx.methods import fixed_cache, llama_stream_cache
 
     if not fixed_cache(method):
-        kwargs = {**kwargs, "n_ctx": stream_cells(model, {**kwargs, "method": method}, length, n_gen)}
+        kwargs = {**kwargs, "n_ctx": llama_stream_cache(model, {**kwargs, "method": method}, length, n_gen)}
     return farctx.Llama(model, method=method, **kwargs)
 
 

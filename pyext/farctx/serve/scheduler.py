@@ -12,8 +12,8 @@ Prompt pieces are `chunk` tokens (a multiple of n_ubatch, n_batch / n_seq rounde
 multiples of `chunk`, and a reused prefix is cut back to a multiple of `chunk` within the tokens the
 slot read as prompt: every token is then computed in the same ubatch, at the same place, as when
 its request is served alone, so answers do not depend on what else runs. The methods that keep the
-whole stream and extrapolate (mesa's chunk schedule is planned from the prompt as one feed) read
-each prompt whole, in one feed, from an empty stream.
+method table's `whole_prompt` (mesa: its chunk schedule is planned from the prompt as one feed) read each
+prompt whole, in one feed, from an empty stream.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .batch import SequenceBatch
-from .errors import FarctxError, NoSpaceError
-from .methods import MethodParams, cache_cells, method_infos
+from ..batch import SequenceBatch
+from ..errors import ContextSizeError, FarctxError, NoSpaceError
+from ..methods import DEFAULT_GENERATION, MethodParams, cache_cells, method_infos
 from .sampling import RowSampler
-from .slot import DEFAULT_GENERATION, ContextError
 
 MAX_GENERATION = 2**31 - 1
 _EXCEEDS = "the request exceeds the available context size, try increasing it"
@@ -70,7 +69,9 @@ class Request:
 
 
 @dataclass
-class _Slot:
+class Slot:
+    """One stream of the server's SequenceBatch and the request it serves."""
+
     key: Optional[MethodKey] = None  # the method its stream was opened with (None: not open / unknown)
     request: Optional[Request] = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to feed
@@ -102,7 +103,7 @@ class Scheduler:
         self.n_ctx_train = n_ctx_train
         self.is_eog = is_eog
         self.counters = Counters()
-        self._slots = [_Slot() for _ in range(batch.n_seq)]
+        self._slots = [Slot() for _ in range(batch.n_seq)]
         self._cells = [0] * batch.n_seq
         self._waiting: deque[Request] = deque()
         self._cond = threading.Condition()
@@ -122,7 +123,7 @@ class Scheduler:
         self._thread.join(30)
 
     def generation_limit(self, method: dict[str, Any], n_prompt: int, max_tokens: Optional[int]) -> int:
-        """The most tokens a request may generate in a slot; raises ContextError / FarctxError with the
+        """The most tokens a request may generate in a slot; raises ContextSizeError / FarctxError with the
         sizes when its prompt (plus the answer it asks for) cannot fit in a slot's cache."""
         info = method_infos()[method["method"]]
         params = MethodParams.from_kwargs(method["method"], {k: v for k, v in method.items() if k != "method"})
@@ -132,18 +133,18 @@ class Scheduler:
             need = cache_cells(params, self.n_ctx_train, self.n_ubatch)
             if need > n_ctx:
                 raise FarctxError(f"{info.name} needs {need} cells per slot (head + n_local + n_ubatch), the slots "
-                                  f"hold {n_ctx} (--ctx-max)")
+                                  f"hold {n_ctx} (-c / -np)")
             return asked or MAX_GENERATION
         if info.stock_graph:
             if n_prompt >= n_ctx:
-                raise ContextError(_EXCEEDS, n_prompt, n_ctx)
+                raise ContextSizeError(_EXCEEDS, n_prompt, n_ctx)
         else:
             generation = asked or DEFAULT_GENERATION
             need = cache_cells(params, self.n_ctx_train, self.n_ubatch, n_prompt, generation)
             if need > n_ctx:
-                raise ContextError(
+                raise ContextSizeError(
                     f"{info.name} keeps the whole stream in the cache: {n_prompt} prompt tokens + {generation} to "
-                    f"generate need {need} cells, more than a slot's {n_ctx} (--ctx-max)", n_prompt, n_ctx)
+                    f"generate need {need} cells, more than a slot's {n_ctx} (-c / -np)", n_prompt, n_ctx)
         room = n_ctx - cache_cells(params, self.n_ctx_train, self.n_ubatch, n_prompt, 1) + 1
         return max(1, min(asked or MAX_GENERATION, room))
 
@@ -222,8 +223,7 @@ class Scheduler:
         return admitted
 
     def _whole_prompt(self, request: Request) -> bool:
-        info = method_infos()[request.method["method"]]
-        return not info.fixed_cache and not info.stock_graph
+        return method_infos()[request.method["method"]].whole_prompt
 
     def _reusable(self, i: int, request: Request) -> int:
         """Tokens of slot i's stream this request can keep: the common prefix within what the slot read as

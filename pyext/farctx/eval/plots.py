@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import FarctxError
+from ..errors import FarctxError
 
 
 def _pyplot() -> Any:
@@ -75,7 +75,7 @@ def plot_passkey(results: Sequence[Any], n_ctx_train: int, path: Path, title: st
 
 def plot_ood(runs: Sequence[Any], n_ctx_train: int, path: Path, title: str = "") -> None:
     """LM-Infinite's Figure 1 style: one panel per factor, position on x, one line per method."""
-    from .ood import FACTOR_LABELS, FACTORS
+    from .ood_recorder import FACTOR_LABELS, FACTORS
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(FACTORS), figsize=(4.2 * len(FACTORS), 4), dpi=100, squeeze=False)

@@ -43,7 +43,7 @@ def nll(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
 
 
 def check_lengths(lengths: Sequence[int], window: int, n_tokens: int) -> list[int]:
-    from .errors import FarctxError
+    from ..errors import FarctxError
 
     out = sorted(set(int(x) for x in lengths))
     if not out:
@@ -60,10 +60,11 @@ def perplexity_of_method(llm: Any, tokens: Sequence[int], lengths: Sequence[int]
     """Score the windows before each length with a farctx.Llama already set up for its method."""
     results: list[PplResult] = []
     method = llm.method_params.method
+    whole_prompt = llm.method_params.info.whole_prompt  # mesa plans its chunks from the prompt's one feed
     llm.reset()
     for length in lengths:
         start = length - window  # first scored position
-        if method == "mesa":
+        if whole_prompt:
             llm.reset()
             llm.eval(tokens[: start - 1])  # the prompt: chunked prefill
         else:
