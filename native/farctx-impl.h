@@ -56,6 +56,10 @@ struct farctx_method_ops {
     int32_t (*rewind)(struct farctx_session * s, int64_t n_keep);
     /* the method's counters */
     void    (*stats)(const struct farctx_session * s, struct farctx_stats * stats);
+    /* the method's state for farctx_session_state_get: its bytes, written into dst unless dst is NULL (NULL: none) */
+    size_t  (*state_write)(const struct farctx_session * s, uint8_t * dst);
+    /* load what state_write wrote (n bytes): FARCTX_OK or FARCTX_ERR_PARAM (NULL: no state) */
+    int32_t (*state_read)(struct farctx_session * s, const uint8_t * src, size_t n);
     const void * rule;
 };
 
@@ -89,6 +93,7 @@ struct farctx_session {
     int32_t n_decode;              /* llama_decode calls                */
     bool    fill_error;            /* the method refused a ubatch       */
     int64_t evicted_to;            /* positions [head, evicted_to) left the cache */
+    bool    window_fitted;         /* n_local is the room of a cache too small for the default window */
     struct llama_attn_extrap_params custom;  /* the method's graph settings                          */
     struct llama_attn_extrap_params active;  /* the settings of the llama_decode this stream is in (custom,
                                                 NONE, per batch): what its callback fills for */

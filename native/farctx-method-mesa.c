@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* from S - 1 on, a batch of at most this many tokens (generated tokens) reads the cache rotated in place: the
  * rotation is paid once per C tokens instead of in every graph. A larger batch rotates a copy of the keys in its
@@ -357,7 +358,7 @@ static void begin_feed(struct farctx_session * s, int32_t n_tokens) {
 
 static int32_t rewind_to(struct farctx_session * s, int64_t n_keep) {
     struct farctx_mesa * m = mesa_of(s);
-    if (m->planned && n_keep > 0 && n_keep < m->n) {
+    if (m->planned && m->chunked && n_keep > 0 && n_keep < m->n) {
         return farctx_session_fail(s, FARCTX_ERR_REPLAY,
             "cannot rewind to %lld inside a chunked prompt of %lld tokens: feed it again from the start",
             (long long) n_keep, (long long) m->n);
@@ -371,6 +372,39 @@ static int32_t rewind_to(struct farctx_session * s, int64_t n_keep) {
 static void stats(const struct farctx_session * s, struct farctx_stats * st) {
     st->n_stair_moves     = mesa_of(s)->n_stair_moves;
     st->n_cache_rotations = mesa_of(s)->n_cache_rotations;
+    st->n_prompt_planned  = mesa_of(s)->planned ? mesa_of(s)->n : 0;
+}
+
+/* what farctx_session_state_get keeps of the plan and the stair (k_step is scratch) */
+struct mesa_saved {
+    int32_t planned, chunked, n_stair_moves, n_cache_rotations;
+    int64_t n, C, N, last_S, rot_S;
+};
+
+static size_t state_write(const struct farctx_session * s, uint8_t * dst) {
+    if (dst != NULL) {
+        const struct farctx_mesa * m = mesa_of(s);
+        struct mesa_saved v;
+        memset(&v, 0, sizeof(v));
+        v.planned = m->planned; v.chunked = m->chunked;
+        v.n_stair_moves = m->n_stair_moves; v.n_cache_rotations = m->n_cache_rotations;
+        v.n = m->n; v.C = m->C; v.N = m->N; v.last_S = m->last_S; v.rot_S = m->rot_S;
+        memcpy(dst, &v, sizeof(v));
+    }
+    return sizeof(struct mesa_saved);
+}
+
+static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t n) {
+    if (n != sizeof(struct mesa_saved)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a mesa stream state (%zu bytes)", n);
+    }
+    struct mesa_saved v;
+    memcpy(&v, src, sizeof(v));
+    struct farctx_mesa * m = mesa_of(s);
+    m->planned = v.planned != 0; m->chunked = v.chunked != 0;
+    m->n_stair_moves = v.n_stair_moves; m->n_cache_rotations = v.n_cache_rotations;
+    m->n = v.n; m->C = v.C; m->N = v.N; m->last_S = v.last_S; m->rot_S = v.rot_S;
+    return FARCTX_OK;
 }
 
 const struct farctx_method_ops farctx_mesa_ops = {
@@ -385,4 +419,6 @@ const struct farctx_method_ops farctx_mesa_ops = {
     .before_decode = rotate_cache,
     .rewind        = rewind_to,
     .stats         = stats,
+    .state_write   = state_write,
+    .state_read    = state_read,
 };

@@ -9,6 +9,32 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
     return farctx_session_init_seq(ctx, params, 0, err, err_size);
 }
 
+/* n_local left 0 on a fixed cache that cannot hold the default window: the window is the room the cache leaves
+ * (FARCTX_FIT_LOCAL_MIN at least; farctx.h) */
+static int32_t fit_window(struct farctx_session * s, char * err, size_t err_size) {
+    const int32_t head    = farctx_params_head(&s->params);
+    const int64_t n_cells = llama_n_ctx_seq(s->ctx), n_ubatch = llama_n_ubatch(s->ctx);
+    const int64_t room    = n_cells - head - n_ubatch;
+    if (room >= s->params.n_local) {
+        return FARCTX_OK;  /* the default window fits */
+    }
+    const struct farctx_method_def * method = farctx_method_def(s->params.method);
+    const char * head_name = method->info.head_param >= 0 ? farctx_param_get_info(method->info.head_param).name : "head";
+    if (room < FARCTX_FIT_LOCAL_MIN) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+            "the KV cache holds %lld cells, too few for %s: %s + n_local + n_ubatch = %d + %d (the smallest window "
+            "fitted to a cache; the default is %d) + %lld = %lld: enlarge it (-c / n_ctx) or lower n_ubatch",
+            (long long) n_cells, method->info.name, head_name, head, (int) FARCTX_FIT_LOCAL_MIN, s->params.n_local,
+            (long long) n_ubatch, (long long) head + FARCTX_FIT_LOCAL_MIN + n_ubatch);
+    }
+    s->params.n_local = (int32_t) room;
+    s->window_fitted  = true;
+    if (method->ops->validate != NULL) {
+        return method->ops->validate(&s->params, err, err_size);
+    }
+    return FARCTX_OK;
+}
+
 struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, const struct farctx_params * params,
                                                 int32_t seq_id, char * err, size_t err_size) {
     if (ctx == NULL) {
@@ -53,6 +79,10 @@ struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, cons
     s->ops    = method->ops;
     s->params = *params;
     farctx_params_resolve(&s->params, model);
+    if (method->info.fixed_cache && params->n_local <= 0 && fit_window(s, err, err_size) != FARCTX_OK) {
+        free(s);
+        return NULL;
+    }
     if (s->ops->init != NULL && s->ops->init(s, err, err_size) != FARCTX_OK) {
         free(s);
         return NULL;
@@ -554,6 +584,8 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
     stats->n_ctx_train  = s->params.n_ctx_train;
     stats->n_decode     = s->n_decode;
     stats->kv_bytes     = llama_memory_n_bytes(mem);
+    stats->n_local       = fixed_cache(s) ? s->params.n_local : 0;
+    stats->window_fitted = s->window_fitted;
     if (s->ops->stats != NULL) {
         s->ops->stats(s, stats);
     }
@@ -561,4 +593,94 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
 
 struct farctx_params farctx_session_params(const struct farctx_session * s) {
     return s ? s->params : farctx_default_params();
+}
+
+/* -- the stream's state (farctx.h: farctx_session_state_*) ----------------------------------------------------- */
+
+#define FARCTX_STATE_MAGIC 0x31535846u  /* "FXS1" */
+
+struct state_header {
+    uint32_t magic;
+    int32_t  method;
+    int32_t  params[FARCTX_PARAM_COUNT];  /* the parameters in force */
+    int64_t  n_past;
+    int64_t  evicted_to;
+    int32_t  n_decode;
+    int32_t  window_fitted;
+    uint64_t method_bytes;
+};
+
+static struct state_header state_header_of(const struct farctx_session * s) {
+    struct state_header h;
+    memset(&h, 0, sizeof(h));
+    h.magic  = FARCTX_STATE_MAGIC;
+    h.method = s->params.method;
+    for (int32_t i = 0; i < FARCTX_PARAM_COUNT; ++i) {
+        h.params[i] = farctx_param_get(&s->params, i);
+    }
+    h.n_past        = s->n_past;
+    h.evicted_to    = s->evicted_to;
+    h.n_decode      = s->n_decode;
+    h.window_fitted = s->window_fitted;
+    h.method_bytes  = s->ops->state_write != NULL ? s->ops->state_write(s, NULL) : 0;
+    return h;
+}
+
+size_t farctx_session_state_size(const struct farctx_session * s) {
+    return s == NULL ? 0 : sizeof(struct state_header) + state_header_of(s).method_bytes;
+}
+
+size_t farctx_session_state_get(const struct farctx_session * s, uint8_t * dst, size_t size) {
+    if (s == NULL || dst == NULL) {
+        return 0;
+    }
+    const struct state_header h = state_header_of(s);
+    if (size < sizeof(h) + h.method_bytes) {
+        return 0;
+    }
+    memcpy(dst, &h, sizeof(h));
+    if (h.method_bytes > 0) {
+        s->ops->state_write(s, dst + sizeof(h));
+    }
+    return sizeof(h) + h.method_bytes;
+}
+
+int32_t farctx_session_state_set(struct farctx_session * s, const uint8_t * src, size_t size) {
+    if (s == NULL) {
+        return FARCTX_ERR_PARAM;
+    }
+    struct state_header h;
+    if (src == NULL || size < sizeof(h)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a farctx stream state (%zu bytes)", size);
+    }
+    memcpy(&h, src, sizeof(h));
+    if (h.magic != FARCTX_STATE_MAGIC || size != sizeof(h) + h.method_bytes) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a farctx stream state (%zu bytes)", size);
+    }
+    const struct state_header mine = state_header_of(s);
+    if (h.method != mine.method) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "the state was saved under %s, this stream runs %s",
+                                   farctx_method_name(h.method), farctx_method_name(mine.method));
+    }
+    for (int32_t i = 0; i < FARCTX_PARAM_COUNT; ++i) {
+        if (h.params[i] != mine.params[i]) {
+            return farctx_session_fail(s, FARCTX_ERR_PARAM, "the state was saved with %s %d, this stream has %d",
+                                       farctx_param_get_info(i).name, h.params[i], mine.params[i]);
+        }
+    }
+    if (h.method_bytes > 0) {
+        if (s->ops->state_read == NULL) {
+            return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a farctx stream state of %s",
+                                       farctx_method_name(h.method));
+        }
+        const int32_t rc = s->ops->state_read(s, src + sizeof(h), (size_t) h.method_bytes);
+        if (rc != FARCTX_OK) {
+            return rc;
+        }
+    }
+    s->n_past        = h.n_past;
+    s->evicted_to    = h.evicted_to;
+    s->n_decode      = h.n_decode;
+    s->window_fitted = h.window_fitted != 0;
+    return FARCTX_OK;
 }

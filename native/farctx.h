@@ -148,6 +148,14 @@ FARCTX_API int32_t farctx_method_supported(int32_t method, const struct llama_mo
  *   the others (vanilla, rerope, mesa, selfextend) keep the whole stream: n_prompt + n_predict,
  *   or n_ctx_train when the stream's length is not known (both 0).
  */
+/*
+ * A fixed-cache method whose n_local is left 0 runs the window of its default (n_ctx_train) when the KV cache holds
+ * head + n_local + n_ubatch cells; in a smaller cache (the caller's n_ctx as a memory budget) its window is the room
+ * the cache leaves, cells - head - n_ubatch, if that is at least this many tokens (else the session is refused with
+ * the sizes). An n_local given by the caller is never changed.
+ */
+enum { FARCTX_FIT_LOCAL_MIN = 64 };
+
 FARCTX_API int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
                                       int64_t n_prompt, int64_t n_predict);
 
@@ -240,12 +248,29 @@ struct farctx_stats {
     int32_t n_cache_rotations; /* mesa: times the cached keys were rotated in place (to
                                   the stair in the last chunk or the first generated token,
                                   at each stair move, back after a rewind) */
+    int32_t n_local;           /* fixed-cache methods: the window in force (0 for the others) */
+    bool    window_fitted;     /* n_local was left 0 and the KV cache cannot hold its default: the window is
+                                  the room the cache leaves (cells - head - n_ubatch) */
+    int64_t n_prompt_planned;  /* mesa: the prompt length its chunks are planned for (farctx_mesa_schedule), 0
+                                  before the first feed; a new prompt of another plan is read from its start */
 };
 
 FARCTX_API void farctx_session_stats(const struct farctx_session * session, struct farctx_stats * stats);
 
 /* the parameters in force (defaults resolved against the model) */
 FARCTX_API struct farctx_params farctx_session_params(const struct farctx_session * session);
+
+/*
+ * The stream's own state, beside llama.cpp's (llama_state_get_data / llama_state_seq_get_data): the tokens fed,
+ * what was evicted, the method's plan (Mesa's chunks and stair). Saving both and loading both restores a stream
+ * exactly. farctx_session_state_size: the bytes a save takes. farctx_session_state_get writes the state into dst
+ * (size bytes of room) and returns the bytes written, 0 if size is too small. farctx_session_state_set loads a
+ * state saved from a session of the same method and parameters (FARCTX_ERR_PARAM with the reason otherwise, the
+ * session left as it was); it does not touch the KV cache, whose state is llama.cpp's to load.
+ */
+FARCTX_API size_t  farctx_session_state_size(const struct farctx_session * session);
+FARCTX_API size_t  farctx_session_state_get(const struct farctx_session * session, uint8_t * dst, size_t size);
+FARCTX_API int32_t farctx_session_state_set(struct farctx_session * session, const uint8_t * src, size_t size);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,15 @@ def test_generate_is_deterministic_with_temp_0():
     assert len(first.stdout.strip()) > 0
 
 
+def test_generate_fits_the_window_into_c():
+    """-c without --n-local on a fixed-cache method: the window is fitted into the cache and said on stderr."""
+    result = run_cli("generate", "--method", "lminf", "-c", "1024", "-p", "Hello", "-n", "2", "--temp", "0", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "lminf: the KV cache of 1024 cells holds n_global 10 + n_local 502 + n_ubatch 512" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["method"]["n_local"] == 502 and report["stats"]["window_fitted"]
+
+
 def test_generate_json_and_prompt_from_file(tmp_path, tiny_model):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Once upon a time")

@@ -273,9 +273,12 @@ def test_one_slot_by_default_metrics_when_asked_and_sizes_checked_at_start(tiny_
         meta = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["meta"]
         assert meta["n_parallel"] == 1 and meta["n_ctx"] == 256  # vanilla: n_ctx_train (32), rounded by llama.cpp
     # a fixed-cache method's slots below what it needs: refused at start, with the sizes
+    # (-c 300 -np 2: llama.cpp rounds 300 up to 512 cells, 256 per stream; an unset n_local would fit into them)
     small = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--method",
-                            "lminf", "-ub", "16", "-c", "100", "-np", "2"], capture_output=True, text=True, timeout=120)
-    assert small.returncode == 1 and "needs 58 KV cells per stream (100 cells / 2 streams)" in small.stderr, small.stderr
+                            "lminf", "--n-local", "300", "-ub", "16", "-c", "300", "-np", "2"], capture_output=True,
+                           text=True, timeout=120)
+    assert small.returncode == 1 and "needs 326 KV cells per stream (300 cells / 2 streams)" in small.stderr, \
+        small.stderr
     gone = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--ctx-max", "512"],
                           capture_output=True, text=True, timeout=120)
     assert gone.returncode == 2 and "-c sets the KV cells of all slots" in gone.stderr
@@ -344,3 +347,20 @@ def test_slots_at_the_default_models_depth_with_flash_attention(deep_model, tmp_
         together = concurrently([lambda j=j: ask(deep, j[0], j[1], farctx=j[2]) for j in jobs])
         assert together == alone and all(isinstance(a, str) for a in alone)
         assert httpx.get(f"{base}/health").json()["status"] == "ok"
+
+
+def test_slots_as_a_memory_budget_fit_the_window(default_model, tmp_path):
+    """`-c` without --n-local on a fixed-cache method: each slot's window is fitted into its share of the cells
+    (c / np - n_global - n_ubatch), said at start and shown in /v1/models, and the slots serve."""
+    port = free_port()
+    args = ["-m", str(default_model), "--method", "lminf", "--port", str(port), "-c", "2048", "-np", "2",
+            "-n", "4", "--log-level", "warning"]
+    log = tmp_path / "server.log"
+    with running_server(args, log, f"http://127.0.0.1:{port}") as base:
+        meta = httpx.get(f"{base}/v1/models").json()["data"][0]["meta"]
+        assert meta["n_ctx"] == 1024 and meta["params"]["n_local"] == 1024 - 10 - 512, meta
+        done = httpx.post(f"{base}/v1/completions", json={"prompt": "The river ran", "max_tokens": 4}, timeout=60)
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
+    started = log.read_text()
+    assert "n_local 502), 2 slots of 1024 cells; n_local not set: the window fitted into each slot's cells" \
+        in started, started

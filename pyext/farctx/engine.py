@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -17,7 +18,7 @@ import numpy as np
 from . import rpc
 from .errors import FarctxError
 from .kv_types import check_kv_types, kv_type_id
-from .methods import MethodParams, stream_cache, ubatch_size
+from .methods import MethodParams, budget_ubatch, stream_cache, ubatch_size
 from .models import check_gguf, context_and_window, resolve_model_path
 from .stream import LOG as _LOG
 from .stream import ProgressFn, Stream, check_params, _N
@@ -92,7 +93,12 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         check_kv_types(kwargs.get("type_k"), kwargs.get("type_v"), bool(kwargs.get("flash_attn", False)))
         self.rpc_servers = rpc.parse_servers(rpc_servers)
         self._model_devices = rpc.model_devices(self.rpc_servers) if self.rpc_servers else None
-        fixed_cache = self.method_params.info.fixed_cache
+        vocab_only = bool(kwargs.get("vocab_only", False))  # a tokenizer: no context to run a method in
+        if kwargs.get("embedding") and self.method_params.method != "vanilla" and not vocab_only:
+            raise FarctxError(f"embedding=True runs no farctx method: llama_cpp.Llama embeds several sequences at "
+                              f"once in one shared KV cache, and {self.method_params.method} keeps one stream per "
+                              "sequence; embed with method='vanilla' (llama.cpp's own attention)")
+        fixed_cache = self.method_params.info.fixed_cache and not vocab_only
         if fixed_cache:
             n_train, window = context_and_window(path)
             n_train = self.method_params.n_ctx_train or n_train
@@ -101,13 +107,12 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
                 # the cache these methods need, not the length of the text: head + n_local + n_ubatch
                 kwargs["n_ctx"] = stream_cache(self.method_params, n_train, n_ubatch, window=window)
             elif "n_ubatch" not in kwargs:
-                # a given cache: let the ubatch take the room that head + n_local leave (at most 512), and that
-                # the sliding window leaves (iSWA)
-                room = kwargs["n_ctx"] - stream_cache(self.method_params, n_train, 0)
-                if window:
-                    room = min(room, kwargs["n_ctx"] - window)
-                if 0 < room < ubatch_size(kwargs.get("n_batch")):
-                    kwargs["n_ubatch"] = room
+                # the caller's cache: a memory budget the window fits into when n_local is unset (libfarctx fits
+                # it, or refuses with the sizes); the ubatch leaves the window most of it
+                ubatch = budget_ubatch(self.method_params, n_train, int(kwargs["n_ctx"]), kwargs.get("n_batch"),
+                                       window)
+                if ubatch is not None:
+                    kwargs["n_ubatch"] = ubatch
         kwargs.setdefault("verbose", False)
         # models with sliding-window layers: their cache holds the window (+ a ubatch), as llama-server's
         # default, not a copy of the whole context (llama.cpp's library default)
@@ -122,13 +127,19 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             raise FarctxError(f"llama.cpp could not load {path}: {reason}") from None
         rpc.hold(self, self.rpc_servers)
 
+        self.progress = progress
+        self._vocab_only = vocab_only
+        if vocab_only:
+            return
         try:
             self._stream = Stream(_N.llama_context_ptr(self._ctx.ctx), self.method_params, self._n_vocab)
         except FarctxError:
             self.close()
             raise
         self.method_params = self._stream.method
-        self.progress = progress
+        fitted = self._stream.fitted_window()
+        if fitted:  # the caller's n_ctx as a memory budget: said once, and in stats()
+            print(f"farctx: {fitted}", file=sys.stderr)
         # llama.cpp rounds the cache up (to 256 cells): size the token and score buffers to the real cache
         n_ctx = self.n_ctx()
         if self.input_ids.shape[0] < n_ctx:
@@ -155,10 +166,22 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         assert logits is not None
         return logits[len(logits) - len(tokens) :]
 
+    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:  # type: ignore[override]
+        """llama_cpp.Llama.generate. Its prompt-prefix reuse keeps the stream only where the result equals a fresh
+        run: a method that plans a prompt from its length (mesa) reads a prompt of another plan from its start."""
+        tokens = list(tokens)
+        if self._stream is not None and self.n_tokens and kwargs.get("reset", True) \
+                and not self._stream.keeps_plan(len(tokens)):
+            self.reset()
+        return super().generate(tokens, *args, **kwargs)
+
     def _feed(self, tokens: Sequence[int], all_logits: bool) -> Optional[np.ndarray]:
         if len(tokens) == 0:
             return None
-        assert self._stream is not None
+        if self._stream is None:
+            raise FarctxError("this Llama was loaded with vocab_only=True: it tokenizes, it evaluates nothing"
+                              if self._vocab_only
+                              else "this Llama is closed")
         n_after = self.n_tokens + len(tokens)
         if n_after > self.input_ids.shape[0]:
             # a stream may outgrow the cache (methods that evict); libfarctx decides what fits
@@ -184,6 +207,32 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             scores[: self.scores.shape[0]] = self.scores
             self.scores = scores
 
+    # -- state: llama.cpp's with the stream's ----------------------------------------------------------------
+
+    def save_state(self) -> "FarctxState":
+        """llama_cpp.Llama.save_state with the farctx stream's state (what a RAM or disk cache keeps)."""
+        state = super().save_state()
+        if self._stream is None:
+            return state  # type: ignore[no-any-return]
+        return FarctxState(state, self._stream.save(), self.method_params.describe())
+
+    def load_state(self, state: Any) -> None:
+        """llama_cpp.Llama.load_state, the stream restored exactly from a state this class saved; a state of
+        llama_cpp.Llama (no stream in it) has its tokens read again under this Llama's method."""
+        super().load_state(state)
+        if self._stream is None:
+            return
+        tokens = self.input_ids[: self.n_tokens].tolist()
+        data = getattr(state, "farctx_state", None)
+        if data is not None:
+            self._stream.load(data, tokens)
+            return
+        # llama.cpp's cells of that state hold keys of stock attention: read the tokens again under the method
+        _N.llama_cpp.llama_memory_clear(_N.llama_cpp.llama_get_memory(self._ctx.ctx), True)
+        self._stream.rewind(0)
+        self.n_tokens = 0
+        self.eval(tokens)
+
     # -- reporting ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
@@ -191,10 +240,28 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         assert self._stream is not None
         return self._stream.stats()
 
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Free the stream, the context and the model now (llama_cpp.Llama.close); a second call does nothing."""
         if getattr(self, "_stream", None) is not None:
             self._stream.close()  # freed before the context it points into
             self._stream = None
         if hasattr(self, "_stack"):  # absent when __init__ failed before llama_cpp's own
             super().close()
         rpc.release(self)  # the model and its RPC connections are freed
+
+
+class FarctxState(_N.llama_cpp.LlamaState):  # type: ignore[misc, name-defined]
+    """llama_cpp.LlamaState with the farctx stream's state (`farctx_state`, libfarctx's bytes) and the method it
+    ran (`method`, for messages); pickled whole by llama_cpp.LlamaDiskCache."""
+
+    def __init__(self, state: Any, farctx_state: bytes, method: str) -> None:
+        super().__init__(input_ids=state.input_ids, scores=state.scores, n_tokens=state.n_tokens,
+                         llama_state=state.llama_state, llama_state_size=state.llama_state_size, seed=state.seed)
+        self.farctx_state = farctx_state
+        self.method = method

@@ -8,7 +8,7 @@ built from `farctx_method_get_info` / `farctx_param_get_info`, and cache sizes c
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, make_dataclass
+from dataclasses import asdict, dataclass, fields, make_dataclass, replace
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -184,12 +184,50 @@ def ubatch_size(n_batch: Optional[int] = None, n_ubatch: Optional[int] = None) -
     return min(n_ubatch or 512, n_batch or 512)
 
 
+def fit_local_min() -> int:
+    """The smallest window libfarctx fits into a cache given as a memory budget (FARCTX_FIT_LOCAL_MIN)."""
+    return int(_native().lib.FARCTX_FIT_LOCAL_MIN)
+
+
+def _cells_of(n_ctx: int, n_seq: int = 1) -> int:
+    """The cells per stream llama.cpp makes of n_ctx for n_seq streams (it rounds both up to 256)."""
+    def pad(n: int) -> int:
+        return (n + 255) // 256 * 256
+    return pad(pad(n_ctx) // max(1, n_seq)) if n_seq > 1 else pad(n_ctx)
+
+
+def fixed_minimum(params: Any, n_ctx_train: int, n_ubatch: int) -> int:
+    """The fewest cells a fixed-cache stream runs in: head + n_local + n_ubatch, where an unset n_local (0) may
+    shrink to the room of the cache down to fit_local_min() (libfarctx fits it; an n_local given is kept)."""
+    default = cache_cells(params, n_ctx_train, n_ubatch)
+    if params.n_local > 0:
+        return default
+    return min(default, cache_cells(replace(params, n_local=fit_local_min()), n_ctx_train, n_ubatch))
+
+
+def budget_ubatch(params: Any, n_ctx_train: int, n_ctx: int, n_batch: Optional[int], window: int = 0) -> Optional[int]:
+    """The ubatch of a fixed-cache stream in a cache of n_ctx cells when the caller set none (None: llama.cpp's).
+
+    With n_local set: the room head + n_local leave (at most the default ubatch). With n_local unset (the cache as a
+    memory budget): the default ubatch if the default window fits beside it, else a quarter of the cache, so that
+    most of it holds the window. Either way at most what a sliding window leaves (iSWA)."""
+    full = ubatch_size(n_batch)
+    cells = _cells_of(n_ctx)
+    room = cells - cache_cells(params, n_ctx_train, 0)
+    if params.n_local <= 0 and room < full:
+        room = max(1, cells // 4)
+    if window:
+        room = min(room, cells - window)
+    return room if 0 < room < full else None
+
+
 def stream_cache(params: Any, n_ctx_train: int, n_ubatch: int, *, n_ctx: int = 0, n_seq: int = 1,
                  n_prompt: int = 0, n_predict: int = 0, window: int = 0) -> int:
     """The KV cells of each of `n_seq` streams under `params`.
 
-    `n_ctx` > 0 is the cells of all streams together (llama.cpp's -c): each stream gets n_ctx / n_seq,
-    and a fixed-cache method refuses a share below what it needs (head + n_local + n_ubatch), with the sizes.
+    `n_ctx` > 0 is the cells of all streams together (llama.cpp's -c): each stream gets n_ctx / n_seq. A
+    fixed-cache method with n_local unset fits its window into that share (libfarctx: the cache as a memory budget)
+    and refuses a share below `fixed_minimum` (an n_local given: head + n_local + n_ubatch), with the sizes.
     `n_ctx` 0: fixed-cache methods get that minimum (at least a sliding window + n_ubatch on a model with
     sliding-window layers, as llama.cpp sizes those layers' cache); a stream of known length (n_prompt +
     n_predict) what it needs under its method; otherwise the stock graph n_ctx_train and the whole-stream
@@ -201,10 +239,16 @@ def stream_cache(params: Any, n_ctx_train: int, n_ubatch: int, *, n_ctx: int = 0
         minimum = max(minimum, window + n_ubatch)
     if n_ctx > 0:
         share = n_ctx // max(1, n_seq)
-        if info.fixed_cache and share < minimum:
+        need = fixed_minimum(params, n_ctx_train, n_ubatch)
+        if info.fixed_cache and window:
+            need = max(need, window + n_ubatch)
+        if info.fixed_cache and _cells_of(n_ctx, n_seq) < need:
             per = f" per stream ({n_ctx} cells / {n_seq} streams)" if n_seq > 1 else ""
-            raise FarctxError(f"{params.describe()} needs {minimum} KV cells{per}: head + n_local + n_ubatch "
-                              f"(n_ubatch {n_ubatch}); -c {n_ctx} gives {share}")
+            local = (f"n_local {params.n_local}" if params.n_local > 0
+                     else f"n_local unset: a window of at least {min(fit_local_min(), n_ctx_train)}")
+            shown = params if params.n_ctx_train else replace(params, n_ctx_train=n_ctx_train)
+            raise FarctxError(f"{shown.describe()} needs {need} KV cells{per}: head + n_local + n_ubatch "
+                              f"({local}, n_ubatch {n_ubatch}); -c {n_ctx} gives {share}")
         return share
     if info.fixed_cache:
         return minimum

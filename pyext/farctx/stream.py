@@ -152,6 +152,57 @@ class Stream:
         _lib.farctx_session_stats(self._session, s)
         return {name: int(getattr(s, name)) for name in STATS_FIELDS}
 
+    def fitted_window(self) -> Optional[str]:
+        """A line saying which window libfarctx fitted into a cache too small for the default one (n_local left
+        unset, the cache as a memory budget), else None."""
+        st = self.stats()
+        if not st["window_fitted"]:
+            return None
+        head = self.method.info.head
+        head_part = f"{head} {getattr(self.method, head)} + " if head else ""
+        n_ubatch = st["n_ctx"] - st["n_local"] - (getattr(self.method, head) if head else 0)
+        return (f"{self.method.method}: the KV cache of {st['n_ctx']} cells holds {head_part}n_local {st['n_local']} + "
+                f"n_ubatch {n_ubatch}: a window of {st['n_local']} tokens (n_local not set; the default, "
+                f"{st['n_ctx_train']}, does not fit)")
+
+    def keeps_plan(self, n_prompt: int) -> bool:
+        """Whether a prompt of n_prompt tokens is read under the plan this stream was read under, so that reusing the
+        stream's prefix for it equals a fresh run. Only a whole-prompt method (mesa) plans from the prompt's length;
+        a prompt it does not chunk runs as vanilla whatever its length, a chunked one has a plan of its own."""
+        if not self.method.info.whole_prompt:
+            return True
+        planned = self.stats()["n_prompt_planned"]
+        if planned == 0:
+            return True
+        return planned == n_prompt or not (self._chunked(planned) or self._chunked(n_prompt))
+
+    def _chunked(self, n_prompt: int) -> bool:
+        chunk, n_middle = _ffi.new("int64_t *"), _ffi.new("int64_t *")
+        return bool(_lib.farctx_mesa_schedule(self.method.to_c(_ffi, _lib), n_prompt, chunk, n_middle))
+
+    # -- saving and loading (beside llama.cpp's state of the context) ------------------------------------------
+
+    def save(self) -> bytes:
+        """The session's state (farctx_session_state_get): with llama.cpp's state of the context, the stream."""
+        size = _lib.farctx_session_state_size(self._session)
+        buf = _ffi.new("uint8_t[]", size)
+        n = _lib.farctx_session_state_get(self._session, buf, size)
+        if n != size:
+            raise FarctxError(f"could not save the stream's state ({n} of {size} bytes)")
+        return bytes(_ffi.buffer(buf, size))
+
+    def load(self, data: bytes, tokens: Sequence[int]) -> None:
+        """Restore a state that `save` returned for the stream `tokens`, after llama.cpp's state was loaded."""
+        rc = _lib.farctx_session_state_set(self._session, data, len(data))
+        if rc != _lib.FARCTX_OK:
+            self._raise(rc, "cannot load the state: ")
+        held = self._session_n_past()
+        if held != len(tokens):
+            _lib.farctx_session_rewind(self._session, 0)
+            self.tokens = []
+            raise FarctxError(f"cannot load the state: it holds {held} tokens, the saved stream {len(tokens)}")
+        self.tokens = [int(t) for t in tokens]
+
     def _session_n_past(self) -> int:
         s = _ffi.new("struct farctx_stats *")
         _lib.farctx_session_stats(self._session, s)

@@ -153,7 +153,9 @@ class Server:
 
     def describe(self) -> str:
         slots = f"{self.n_parallel} slots" if self.n_parallel > 1 else "1 slot"
-        return f"{self.batch.method(0).describe()}, {slots} of {self.batch.n_ctx_seq} cells"
+        fitted = ("; n_local not set: the window fitted into each slot's cells" if self.batch.stats(0)["window_fitted"]
+                  else "")
+        return f"{self.batch.method(0).describe()}, {slots} of {self.batch.n_ctx_seq} cells{fitted}"
 
     def next_seed(self) -> int:
         with self._status_lock:
