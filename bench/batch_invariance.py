@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-b", "--n-batch", type=int, default=512)
     ap.add_argument("-ub", "--n-ubatch", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--out", default=None, help="JSON (default: bench/serve-concurrent/batch-invariance-fa-<on|off>.json)")
+    ap.add_argument("--out", default=None, help="JSON (default: bench/results/serve/batch-invariance-fa-<on|off>.json)")
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{engine:<7} {r['last_max_diff']:>19.4f} {r['last64_max_diff']:>17.4f} "
               f"{r['last64_max_diff'] / r['scale']:>9.2%} {r['top2_gap_alone']:>16.4f} "
               f"{r['argmax_equal_last64']:>12}/{r['n_rows']}")
-    out = Path(args.out or ROOT / "bench" / "serve-concurrent" / f"batch-invariance-fa-{args.fa}.json")
+    out = Path(args.out or ROOT / "bench" / "results" / "serve" / f"batch-invariance-fa-{args.fa}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
                                                        if k not in ("worker", "texts")}, "rows": rows}, indent=1)

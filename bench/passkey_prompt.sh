@@ -2,10 +2,10 @@
 # Passkey retrieval past the trained context (the LM-Infinite / Mesa protocol): a key in [1, 10^7)
 # at 50% depth inside ~16,500 tokens of filler (2x the default model's 8192), then
 # "What is the pass key? The pass key is"; 8 greedy tokens with mesa and with vanilla (cache
-# enlarged to fit). Outputs land in bench/passkey/. METHODS="mesa" runs one of them.
+# enlarged to fit). Outputs land in bench/results/passkey-2x/. METHODS="mesa" runs one of them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out="$root/bench/passkey"
+out="$root/bench/results/passkey-2x"
 mkdir -p "$out"
 "$root/.venv/bin/python" - "$out/prompt.txt" <<'PY'
 import random
@@ -34,7 +34,7 @@ PY
 for method in ${METHODS:-mesa vanilla}; do
     extra=()
     [ "$method" = vanilla ] && extra=(-c 17152)
-    cmd=(farctx generate -f bench/passkey/prompt.txt -n 8 --temp 0 --seed 1 -t 2 --method "$method" --json "${extra[@]}")
+    cmd=(farctx generate -f bench/results/passkey-2x/prompt.txt -n 8 --temp 0 --seed 1 -t 2 --method "$method" --json "${extra[@]}")
     echo "\$ ${cmd[*]}" > "$out/$method.txt"
     ( cd "$root" && /usr/bin/time -f "%e s wall, %M KiB max RSS" ".venv/bin/${cmd[0]}" "${cmd[@]:1}" ) >> "$out/$method.txt" 2>&1
 done

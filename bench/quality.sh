@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The quality table of bench/README.md (issue 5) on farctx's short-context model (trained context 256,
+# The quality table of docs/results.md on farctx's short-context model (trained context 256,
 # models/shortctx-256, tools/shortctx/train.py): perplexity of Austen's Persuasion (held out of its
 # training) and passkey retrieval, 0.5x to 32x / 16x the trained context, every method.
-# Outputs in bench/quality/: <kind>-shortctx-256.{md,json,png}.
+# Outputs in bench/results/quality/: <kind>-shortctx-256.{md,json,png}.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-out=bench/quality
+out=bench/results/quality
 mkdir -p "$out" build/quality
 model=models/shortctx-256/shortctx-256-f16.gguf
 methods=all

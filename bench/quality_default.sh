@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quality table on the bundled default model (SmolLM2-135M-Instruct, trained context 8192), 4k to
-# 32k tokens, every method (issue 5, item 6). Outputs in bench/quality/: <kind>-SmolLM2-135M-Instruct.*
+# 32k tokens, every method. Outputs in bench/results/quality/: <kind>-SmolLM2-135M-Instruct.*
 # Cost: each 32k pass of a whole-cache method (vanilla, selfextend, rerope) is ~40 min of prefill on
 # 2 CPU cores (rerope ~2x), each fixed-cache method ~20 min, mesa a new prompt per length; passkey
 # runs one prompt per sample and length. About 10 hours on 2 cores in all; minutes on a GPU
@@ -8,7 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-out=bench/quality
+out=bench/results/quality
 mkdir -p "$out" build/quality
 name=SmolLM2-135M-Instruct
 methods=${METHODS:-all}

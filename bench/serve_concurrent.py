@@ -5,7 +5,7 @@ the methods assuming a trained context of T tokens (`--n-ctx-train T`, so that 4
 `--n-ctx-train 0`: the model's own 8192); four greedy completions (prompts of 16 tokens, T / 2, T and 4 x T,
 from Jane Austen) are sent one after another, then all four at once, and the answers compared. Fails (exit 1)
 on a 5xx, a server that dies, or an answer under load different from the same request alone. Writes a table and
-its JSON to bench/serve-concurrent/.
+its JSON to bench/results/serve/.
 
     .venv/bin/python bench/serve_concurrent.py [--methods lminf,streaming,rerope,selfextend,mesa] [--n-ctx-train 512] [-fa on|off]
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-fa", "--flash-attn", dest="fa", choices=["on", "off"], default="on")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "serve-concurrent"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve"))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['server_rss_mb']:>7}")
     lines.append("passed" if ok else "FAILED")
     tag = f"ctx{args.n_ctx_train or 8192}-fa-{args.fa}"
-    (out / f"serve-concurrent-{tag}.txt").write_text("\n".join(lines) + "\n")
-    (out / f"serve-concurrent-{tag}.json").write_text(json.dumps({"passed": ok, "rows": rows}, indent=1) + "\n")
+    (out / f"concurrent-{tag}.txt").write_text("\n".join(lines) + "\n")
+    (out / f"concurrent-{tag}.json").write_text(json.dumps({"passed": ok, "rows": rows}, indent=1) + "\n")
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -15,7 +15,7 @@ repetitions (every configuration once per repetition), against 1 stream of the s
 / stock; then lminf with 4 streams, each 4 x past the (assumed) trained context, against 4 lminf streams
 inside it, with the KV cells each stream holds before and after its generation (constant).
 
-    .venv/bin/python bench/serve_parallel.py                     # 1, 2, 4, 8 streams; JSON in bench/serve-parallel/
+    .venv/bin/python bench/serve_parallel.py                     # 1, 2, 4, 8 streams; JSON in bench/results/serve/
     .venv/bin/python bench/serve_parallel.py --streams 1,4 --n-gen 16 --n-ctx-train 256
 """
 
@@ -176,7 +176,7 @@ def main() -> int:
     ap.add_argument("-fa", "--flash-attn", dest="fa", choices=["on", "off"], default="on",
                     help="flash attention, the same for ours and stock")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (stock and ours interleaved); medians")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "serve-parallel" / "serve-parallel.json"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve" / "parallel-decode.json"))
     args = ap.parse_args()
 
     if args.worker:

@@ -13,7 +13,7 @@ It fails (exit status 1) on: any 5xx, a request error that is not the expected o
 greedy answer under load different from the same request alone, RSS rising after warm-up by more than
 --max-slope MB/min, or RSS growing over the rounds that follow the load (--rounds of the same requests,
 each client its share of the pool, RSS read at idle after each) by more than --max-growth KB per request.
-The summary (JSON) goes to bench/soak/ (or --out).
+The summary (JSON) goes to bench/results/soak/ (or --out).
 
     .venv/bin/python bench/soak.py                    # 30 minutes
     .venv/bin/python bench/soak.py --minutes 10 -np 4 -fa on   # the bundled model's depth, flash attention
@@ -289,11 +289,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-growth", type=float, default=16.0,
                     help="RSS growth per request (KB; over the rounds after the first 3, the largest step left "
                          "out) that fails the run")
-    ap.add_argument("--out", default=None, help="summary JSON (default: bench/soak/soak-<minutes>min.json)")
+    ap.add_argument("--out", default=None, help="summary JSON (default: bench/results/soak/soak-<minutes>min.json)")
     args = ap.parse_args(argv)
 
     tag = f"{'tiny-' if args.tiny else ''}{args.minutes:g}min{'-fa-on' if args.flash_attn == 'on' else ''}"
-    out = Path(args.out) if args.out else ROOT / "bench" / "soak" / f"soak-{tag}.json"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / "soak" / f"soak-{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.tiny:
         sys.path.insert(0, str(ROOT / "tests"))

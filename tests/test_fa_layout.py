@@ -3,7 +3,7 @@
 Every flash-attention node that llama.cpp builds is logged (FARCTX_FA_LAYOUT_LOG, patch 0010: type,
 shape, strides, view offset, and the op that produced the memory of Q, K, V and the mask). A GPU kernel
 may accept fewer layouts than the CPU one, and on an H200 mesa went wrong with flash attention
-while the CPU was exact (bench/gpu/README.md). So every node of ours must be one of:
+while the CPU was exact (bench/results/gpu/README.md). So every node of ours must be one of:
   - K and V: the KV-cache view exactly as stock builds it (same type, shape, strides, offset 0), or a
     fresh tensor written by a copy kernel (CPY: a cast; CONCAT: two cell ranges joined), whole (offset 0);
     never the output of any other op (an F16 RoPE straight into flash attention is what failed);

@@ -1,6 +1,6 @@
 """scripts/gpu-check on the CPU (GPU_CHECK_DRY_RUN=1: the same steps on build/cmake).
 
-A session lent a GPU has 15 minutes of device time for this script (bench/gpu/README.md); a defect in
+A session lent a GPU has 15 minutes of device time for this script (bench/results/gpu/README.md); a defect in
 the script itself must show up here, not there.
 """
 

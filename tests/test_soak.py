@@ -1,7 +1,7 @@
 """The soak of `farctx serve --parallel` (bench/soak.py), short: 3 minutes on the tiny model
 (FARCTX_SOAK_MINUTES overrides; 0 skips). No 5xx, no crash, no unexpected error, every greedy answer
 under load equal to the same request alone, and no RSS growth over rounds of the same requests after the
-load (the leak check: see README, "Serving at scale")."""
+load (the leak check; docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ MINUTES = float(os.environ.get("FARCTX_SOAK_MINUTES", "3"))
 @pytest.mark.skipif(MINUTES <= 0, reason="FARCTX_SOAK_MINUTES=0")
 def test_soak_no_5xx_no_crash_flat_memory_answers_as_alone(tmp_path):
     out = tmp_path / "soak.json"
-    # memory: 3 minutes end inside the warm-up of the timed load (RSS rises for about 5 minutes in steps, as
-    # new batch shapes come: bench/soak/), so its slope is reported, not judged (a CI run measured > 10 MB/min
-    # there); the leak check is the rounds that follow: the same requests round after round, RSS at idle after
-    # each, at most 16 KB per request (measured -77 here; a 50 KB leak per request put in the server: 67)
+    # memory: 3 minutes end inside the warm-up of the timed load (RSS rises for minutes in steps, as new batch
+    # shapes come), so its slope is reported, not judged; the leak check is the rounds that follow: the same
+    # requests round after round, RSS at idle after each, at most 16 KB per request (a leak of 50 KB per request
+    # put into the server fails it)
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--tiny", "--minutes", str(MINUTES),
                           "--max-slope", "inf", "--rounds", "10", "--max-growth", "16", "--out", str(out)],
                          capture_output=True, text=True, timeout=60 * MINUTES + 1200)

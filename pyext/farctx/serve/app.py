@@ -110,7 +110,7 @@ def limit_malloc_arenas(n: int = 2) -> None:
     """Cap glibc's malloc arenas (no-op elsewhere). glibc gives each thread that allocates concurrently an
     arena of its own, up to 8 per core, and memory freed in one arena is not reused by the others: with a
     thread per request, the scheduler and uvicorn's, the server's RSS crept up for minutes under a changing
-    load (bench/soak.py: 8.5 MB/min after warm-up over 3 minutes; 1.6 MB/min with 2 arenas). Call before
+    load (bench/soak.py measures it). Call before
     the threads start."""
     import ctypes
 
