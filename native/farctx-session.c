@@ -10,29 +10,17 @@ struct farctx_session * farctx_session_init(struct llama_context * ctx, const st
 }
 
 /* n_local left 0 on a fixed cache that cannot hold the default window: the window is the room the cache leaves
- * (FARCTX_FIT_LOCAL_MIN at least; farctx.h) */
+ * (FARCTX_FIT_LOCAL_MIN at least; farctx.h). A cache too small for that keeps the default, which the size check
+ * refuses after llama.cpp's own checks of the context */
 static int32_t fit_window(struct farctx_session * s, char * err, size_t err_size) {
-    const int32_t head    = farctx_params_head(&s->params);
-    const int64_t n_cells = llama_n_ctx_seq(s->ctx), n_ubatch = llama_n_ubatch(s->ctx);
-    const int64_t room    = n_cells - head - n_ubatch;
-    if (room >= s->params.n_local) {
-        return FARCTX_OK;  /* the default window fits */
-    }
-    const struct farctx_method_def * method = farctx_method_def(s->params.method);
-    const char * head_name = method->info.head_param >= 0 ? farctx_param_get_info(method->info.head_param).name : "head";
-    if (room < FARCTX_FIT_LOCAL_MIN) {
-        return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-            "the KV cache holds %lld cells, too few for %s: %s + n_local + n_ubatch = %d + %d (the smallest window "
-            "fitted to a cache; the default is %d) + %lld = %lld: enlarge it (-c / n_ctx) or lower n_ubatch",
-            (long long) n_cells, method->info.name, head_name, head, (int) FARCTX_FIT_LOCAL_MIN, s->params.n_local,
-            (long long) n_ubatch, (long long) head + FARCTX_FIT_LOCAL_MIN + n_ubatch);
+    const int64_t room = (int64_t) llama_n_ctx_seq(s->ctx) - farctx_params_head(&s->params) - llama_n_ubatch(s->ctx);
+    if (room >= s->params.n_local || room < FARCTX_FIT_LOCAL_MIN) {
+        return FARCTX_OK;
     }
     s->params.n_local = (int32_t) room;
     s->window_fitted  = true;
-    if (method->ops->validate != NULL) {
-        return method->ops->validate(&s->params, err, err_size);
-    }
-    return FARCTX_OK;
+    const struct farctx_method_def * method = farctx_method_def(s->params.method);
+    return method->ops->validate != NULL ? method->ops->validate(&s->params, err, err_size) : FARCTX_OK;
 }
 
 struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, const struct farctx_params * params,
@@ -112,6 +100,19 @@ struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, cons
     if (method->info.fixed_cache) {
         const int32_t head = farctx_params_head(&s->params);
         const int64_t need = farctx_cache_cells(&s->params, s->params.n_ctx_train, (int32_t) llama_n_ubatch(ctx), 0, 0);
+        if ((int64_t) llama_n_ctx_seq(ctx) < need && params->n_local <= 0 &&
+                s->params.n_local > FARCTX_FIT_LOCAL_MIN) {
+            /* the caller's cache as a memory budget, too small even for the smallest window fitted to it */
+            farctx_fail(err, err_size, FARCTX_ERR_PARAM,
+                "the KV cache holds %u cells, too few for %s: %s + n_local + n_ubatch = %d + %d (the smallest "
+                "window fitted to a cache; the default is %d) + %u = %lld: enlarge it (-c / n_ctx) or lower n_ubatch",
+                llama_n_ctx_seq(ctx), method->info.name,
+                method->info.head_param >= 0 ? farctx_param_get_info(method->info.head_param).name : "0",
+                head, (int) FARCTX_FIT_LOCAL_MIN, s->params.n_local, llama_n_ubatch(ctx),
+                (long long) head + FARCTX_FIT_LOCAL_MIN + llama_n_ubatch(ctx));
+            farctx_session_free(s);
+            return NULL;
+        }
         if ((int64_t) llama_n_ctx_seq(ctx) < need) {
             farctx_fail(err, err_size, FARCTX_ERR_PARAM,
                 "the KV cache holds %u cells, %s needs %s + n_local + n_ubatch = %d + %d + %u = %lld: "
