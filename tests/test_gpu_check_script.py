@@ -49,7 +49,8 @@ def test_placement_and_oracle_steps_run_and_report(tmp_path: Path) -> None:
     assert "not in stock" not in placement
     oracle = (out / "oracle.txt").read_text()
     assert " passed" in oracle and " failed" not in oracle.split("== diagnosis")[0], oracle[-2000:]
-    assert oracle.count("== diagnosis:") == 3  # step 4b: the pre-fix path, without PDL, without CUDA graphs
+    # step 4b: stock's in-place F16 K-shift (alone, without PDL, without CUDA graphs) and the patched one
+    assert oracle.count("== diagnosis:") == 4 and oracle.count('"case": "f16_shift_fa"') == 4, oracle[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -140,39 +140,40 @@ def test_lminf_with_several_kv_heads(gqa_model, kv, n_ubatch):
     tolerance(type_k, type_v, fa).check(got, ref, f"gqa lminf {kv_id(kv)} ubatch {n_ubatch}")
 
 
-def _fixed_cache_f16_fa(model, tmp_path, monkeypatch, method: str, tokens: list[int], n_prefill: int, n_local: int, *,
-                        n_ctx: int, n_threads: int):
+def _fixed_cache_f16_fa(model, method: str, tokens: list[int], n_prefill: int, n_local: int, *, n_ctx: int,
+                        n_threads: int):
     """lminf (default globals) or streaming (default sinks) with n_local over an F16 cache with flash attention,
-    ubatch 64, the flash-attention layout log on: the engine's logits, the oracle's rule, the log's path."""
+    ubatch 64: the engine's logits, the oracle's rule, and the flash-attention nodes it computed."""
     from helpers import F16
+
+    from farctx.eval.tensor_probe import FlashAttnLayouts, eval_callback_installed
 
     n = len(tokens)
     if method == "streaming":
         kwargs, ref_rule = dict(n_local=n_local, n_sink=N_SINK), method_rule(method, n, n_local, n_sink=N_SINK)
     else:
         kwargs, ref_rule = dict(n_local=n_local, n_global=N_GLOBAL), method_rule(method, n, n_local, N_GLOBAL)
-    log = tmp_path / "fa.log"
-    monkeypatch.setenv("FARCTX_FA_LAYOUT_LOG", str(log))
-    got = engine_logits(model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
-                        method=method, n_ctx=n_ctx, n_threads=n_threads, **kwargs)
-    return got, ref_rule, log
+    probe = FlashAttnLayouts()
+    with eval_callback_installed(probe):
+        got = engine_logits(model, tokens, n_prefill, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
+                            method=method, n_ctx=n_ctx, n_threads=n_threads, **kwargs)
+    probe.check()
+    return got, ref_rule, probe.nodes
 
 
 @pytest.mark.parametrize("method", ["lminf", "streaming"])
-def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, oracle, tmp_path, monkeypatch,
-                                                                    method):
-    """Patch 0017: one query over a view of at least 512 cells takes the CPU's split-KV flash attention, whose
+def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, oracle, method):
+    """Patch 0005: one query over a view of at least 512 cells takes the CPU's split-KV flash attention, whose
     threads now start at equal counts of unmasked cells instead of equal cell counts. A fixed cache past a long
     prompt has free cells in its view (evicted keys, the room for a ubatch), so the ranges move; every cell
     must still be read exactly once: the decoded tokens' logits equal the oracle's with 4 threads."""
     from helpers import F16
-    from test_fa_layout import parse_log
 
     n, n_prefill, n_local = 1400, 1360, 600
     tokens = random_tokens(n, seed=17)
-    got, ref_rule, log = _fixed_cache_f16_fa(tiny_model, tmp_path, monkeypatch, method, tokens, n_prefill, n_local,
+    got, ref_rule, fa_nodes = _fixed_cache_f16_fa(tiny_model, method, tokens, n_prefill, n_local,
                                              n_ctx=2048, n_threads=4)
-    decode_views = [node.ops["k"].ne[1] for node in parse_log(log) if node.mode == 1 and node.ops["q"].ne[1] == 1]
+    decode_views = [node.ops["k"].ne[1] for node in fa_nodes if node.ops["q"].ne[1] == 1]
     assert decode_views and min(decode_views) >= 512, f"decode views {sorted(set(decode_views))}: no split-KV path"
     assert max(decode_views) > n_local + N_GLOBAL + 1, "no free cell in view"
     tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
@@ -180,32 +181,31 @@ def test_decode_over_free_cells_split_across_threads_matches_oracle(tiny_model, 
 
 
 @pytest.mark.parametrize("method", ["lminf", "streaming"])
-def test_decode_over_a_full_view_merges_two_flash_attentions(tiny_model, oracle, tmp_path, monkeypatch, method):
+def test_decode_over_a_full_view_merges_two_flash_attentions(tiny_model, oracle, method):
     """A fixed cache whose live cells are a whole number of 256-cell blocks (streaming's default 4 + 2044 = 2048)
     has, after a prompt of that length, every cell in view in use, and each decoded token takes the cell that
     its eviction just freed: no free cell in view, ever. One query there goes through two flash-attention calls
-    over views of the cache, merged by log-sum-exp in the kernel (patches 0015/0016), not through a copy of every
-    cell per token (patch 0007's concatenation, which ran streaming's decode at about half of window's). The decoded
-    tokens equal the oracle's and the layout log shows the path: decode nodes with lse=1 over cache views whose
+    over views of the cache, merged by log-sum-exp in the kernel (patches 0006 and 0014), not through a copy of every
+    cell per token (patch 0014's concatenation, which ran streaming's decode at about half of window's). The decoded
+    tokens equal the oracle's and the flash-attention nodes show the path: decode nodes with lse over cache views whose
     cells are all live."""
     from helpers import F16, gpu_layers
-    from test_fa_layout import parse_log
 
     head = N_SINK if method == "streaming" else N_GLOBAL
     n_local = 256 - head
     n_prefill, n = 256, 296
     tokens = random_tokens(n, seed=23)
-    got, ref_rule, log = _fixed_cache_f16_fa(tiny_model, tmp_path, monkeypatch, method, tokens, n_prefill, n_local,
+    got, ref_rule, fa_nodes = _fixed_cache_f16_fa(tiny_model, method, tokens, n_prefill, n_local,
                                              n_ctx=256 + 64, n_threads=2)
     tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
                                     f"{method} decode over a full view")
     if gpu_layers():
-        return  # a GPU cache has no log-sum-exp path: patch 0007's concatenation (exact, checked above)
-    decode = [node for node in parse_log(log) if node.mode == 1 and node.ops["q"].ne[1] == 1]
+        return  # a GPU cache has no log-sum-exp path: patch 0014's concatenation (exact, checked above)
+    decode = [node for node in fa_nodes if node.ops["q"].ne[1] == 1]
     seen = [(n.lse, n.ops["k"].origin, n.ops["k"].ne[1]) for n in decode]
-    # the first decoded token may still find free cells in view (the free cells of patch 0012); from then on the
+    # the first decoded token may still find free cells in view (the free cells of patch 0014); from then on the
     # main segment's view is every cell after the head ones, 256 in view, all live
-    # (the log has a line per node built; a graph is built once and reused while its shape holds)
+    # (a node per graph computed: a decoded token each)
     main = [node for node in decode if node.ops["k"].ne[1] != head]
     full = [node for node in main if node.lse]
     assert full and main[-1].lse and all(node.ops["k"].origin == "cache" for node in full), f"decode nodes {seen}"

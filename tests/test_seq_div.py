@@ -1,4 +1,4 @@
-"""Patch 0002: llama_memory_seq_div moves cached keys onto their new positions (as seq_add does)."""
+"""Patch 0001: llama_memory_seq_div moves cached keys onto their new positions (as seq_add does)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import ctypes
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Optional
 
@@ -67,6 +68,8 @@ def ggml_base() -> Any:
         ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
         ("ggml_op_name", ctypes.c_char_p, [ctypes.c_int]),
         ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+        ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int]),
+        ("ggml_flash_attn_ext_has_lse", ctypes.c_bool, [ctypes.c_void_p]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -185,3 +188,70 @@ def eval_callback_installed(probe: Probe) -> Iterator[None]:
             yield
         finally:
             module.llama_context_default_params = original
+
+
+# -- what flash attention is handed: the layout of every FLASH_ATTN_EXT node ---------------------------------------
+
+GGML_TENSOR_FLAG_INPUT = 1
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One source of a flash-attention node: its type, shape, strides and view offset, and what owns its memory
+    (`origin`: "cache" for a KV-cache tensor, "input" for a graph input, else the op that wrote it)."""
+
+    type: str
+    ne: tuple[int, ...]
+    nb: tuple[int, ...]
+    offs: int
+    origin: str
+    base_ne: tuple[int, ...]
+
+    @property
+    def layout(self) -> tuple[object, ...]:
+        return self.type, self.ne, self.nb, self.offs
+
+    @property
+    def whole(self) -> bool:
+        """A view of all of the owning tensor's elements (a permutation of a fresh tensor)."""
+        return self.offs == 0 and int(np.prod(self.ne)) == int(np.prod(self.base_ne))
+
+
+@dataclass(frozen=True)
+class FlashAttnNode:
+    """A FLASH_ATTN_EXT node: its Q, K, V and mask, and whether it returns its rows' log-sum-exp (a CPU-only
+    node, ggml_flash_attn_ext_lse)."""
+
+    ops: dict[str, Operand]
+    lse: bool = False
+
+
+def _operand(tensor: Tensor) -> Operand:
+    t = tensor.t
+    base = Tensor(t.view_src) if t.view_src else tensor
+    if base.t.op == 0:  # GGML_OP_NONE: a leaf, the KV cache or a graph input
+        origin = "input" if base.t.flags & GGML_TENSOR_FLAG_INPUT else "cache"
+    else:
+        origin = base.op
+    return Operand((ggml_base().ggml_type_name(t.type) or b"").decode(), tensor.ne, tuple(int(x) for x in t.nb),
+                   int(t.view_offs), origin, base.ne)
+
+
+class FlashAttnLayouts(Probe):
+    """Records every flash-attention node a graph computes (`nodes`, in order; a reused graph's nodes again each
+    time it runs) and reads no data: the graph is computed as without the callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: list[FlashAttnNode] = []
+
+    def want(self, tensor: Tensor) -> bool:
+        if tensor.op == "FLASH_ATTN_EXT":
+            ops = {name: _operand(src) for name, src in
+                   zip(("q", "k", "v", "mask"), (tensor.src(i) for i in range(4))) if src is not None}
+            self.nodes.append(FlashAttnNode(ops, bool(ggml_base().ggml_flash_attn_ext_has_lse(tensor.address))))
+        return False
+
+    def seen(self, tensor: Tensor) -> None:  # never asked for
+        pass
+
