@@ -20,13 +20,15 @@ import llama_cpp
 import numpy as np
 
 N, SHIFT = 48, 12
-F32 = dict(type_k=0, type_v=0)
-YARN = dict(rope_scaling_type=2, rope_freq_scale=0.5, yarn_ext_factor=1.0, yarn_orig_ctx=32, **F32)
+GGML_TYPE_BF16 = 30  # enum ggml_type; llama_cpp names the others
+F32 = dict(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+YARN = dict(rope_scaling_type=llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN, rope_freq_scale=0.5, yarn_ext_factor=1.0,
+            yarn_orig_ctx=32, **F32)
 SHIFT_CASES = {
     "yarn_shift": YARN,
-    "bf16_shift": dict(type_k=30, type_v=30),
-    "q8_0_shift": dict(type_k=8, type_v=8, flash_attn=True),
-    "f16_shift_fa": dict(type_k=1, type_v=1, flash_attn=True),
+    "bf16_shift": dict(type_k=GGML_TYPE_BF16, type_v=GGML_TYPE_BF16),
+    "q8_0_shift": dict(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0, flash_attn=True),
+    "f16_shift_fa": dict(type_k=llama_cpp.GGML_TYPE_F16, type_v=llama_cpp.GGML_TYPE_F16, flash_attn=True),
 }
 
 

@@ -205,6 +205,13 @@ def fixed_minimum(params: Any, n_ctx_train: int, n_ubatch: int) -> int:
     return min(default, cache_cells(replace(params, n_local=fit_local_min()), n_ctx_train, n_ubatch))
 
 
+def window_words(params: Any, n_ctx_train: int) -> str:
+    """The window a fixed-cache refusal names: the n_local given, or the smallest one libfarctx would fit."""
+    if params.n_local > 0:
+        return f"n_local {params.n_local}"
+    return f"n_local unset: a window of at least {min(fit_local_min(), n_ctx_train)}"
+
+
 def budget_ubatch(params: Any, n_ctx_train: int, n_ctx: int, n_batch: Optional[int], window: int = 0) -> Optional[int]:
     """The ubatch of a fixed-cache stream in a cache of n_ctx cells when the caller set none (None: llama.cpp's).
 
@@ -234,24 +241,21 @@ def stream_cache(params: Any, n_ctx_train: int, n_ubatch: int, *, n_ctx: int = 0
     methods WHOLE_STREAM_DEFAULT x n_ctx_train.
     """
     info = params.info
-    minimum = cache_cells(params, n_ctx_train, n_ubatch)
-    if info.fixed_cache and window:
-        minimum = max(minimum, window + n_ubatch)
+    # a model with sliding-window layers: those layers' cache holds the window + a ubatch
+    swa = window + n_ubatch if info.fixed_cache and window else 0
     if n_ctx > 0:
         share = n_ctx // max(1, n_seq)
-        need = fixed_minimum(params, n_ctx_train, n_ubatch)
-        if info.fixed_cache and window:
-            need = max(need, window + n_ubatch)
-        if info.fixed_cache and _cells_of(n_ctx, n_seq) < need:
-            per = f" per stream ({n_ctx} cells / {n_seq} streams)" if n_seq > 1 else ""
-            local = (f"n_local {params.n_local}" if params.n_local > 0
-                     else f"n_local unset: a window of at least {min(fit_local_min(), n_ctx_train)}")
-            shown = params if params.n_ctx_train else replace(params, n_ctx_train=n_ctx_train)
-            raise FarctxError(f"{shown.describe()} needs {need} KV cells{per}: head + n_local + n_ubatch "
-                              f"({local}, n_ubatch {n_ubatch}); -c {n_ctx} gives {share}")
+        if info.fixed_cache:
+            need = max(fixed_minimum(params, n_ctx_train, n_ubatch), swa)
+            if _cells_of(n_ctx, n_seq) < need:
+                per = f" per stream ({n_ctx} cells / {n_seq} streams)" if n_seq > 1 else ""
+                shown = params if params.n_ctx_train else replace(params, n_ctx_train=n_ctx_train)
+                raise FarctxError(f"{shown.describe()} needs {need} KV cells{per}: head + n_local + n_ubatch "
+                                  f"({window_words(params, n_ctx_train)}, n_ubatch {n_ubatch}); -c {n_ctx} gives "
+                                  f"{share}")
         return share
     if info.fixed_cache:
-        return minimum
+        return max(cache_cells(params, n_ctx_train, n_ubatch), swa)
     if n_prompt or n_predict:
         return cache_cells(params, n_ctx_train, n_ubatch, n_prompt, n_predict)
     return n_ctx_train if info.stock_graph else WHOLE_STREAM_DEFAULT * n_ctx_train

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from ..batch import SequenceBatch
 from ..errors import ContextSizeError, FarctxError, NoSpaceError
-from ..methods import DEFAULT_GENERATION, MethodParams, cache_cells, fit_local_min, fixed_minimum, method_infos
+from ..methods import DEFAULT_GENERATION, MethodParams, cache_cells, fixed_minimum, method_infos, window_words
 from .sampling import RowSampler
 
 MAX_GENERATION = 2**31 - 1
@@ -132,9 +132,8 @@ class Scheduler:
         if info.fixed_cache:
             need = fixed_minimum(params, self.n_ctx_train, self.n_ubatch)  # an unset n_local fits the slot
             if need > n_ctx:
-                local = f"a window of at least {fit_local_min()}" if not params.n_local else f"n_local {params.n_local}"
-                raise FarctxError(f"{info.name} needs {need} cells per slot (head + n_local + n_ubatch, {local}), "
-                                  f"the slots hold {n_ctx} (-c / -np)")
+                raise FarctxError(f"{info.name} needs {need} cells per slot (head + n_local + n_ubatch, "
+                                  f"{window_words(params, self.n_ctx_train)}), the slots hold {n_ctx} (-c / -np)")
             return asked or MAX_GENERATION
         if info.stock_graph:
             if n_prompt >= n_ctx:
