@@ -145,7 +145,9 @@ def callgrind_counts(out_dir: Path) -> dict[str, int]:
 def run_one(cfg: dict, instructions: bool = False) -> dict:
     env = dict(os.environ, LD_PRELOAD=str(SHIM), PYTHONPATH=str(ROOT / "pyext"))
     if cfg["method"] == "stock":
-        env["LLAMA_CPP_LIB_PATH"] = str(ROOT / "build" / "cmake-stock" / "bin")
+        from farctx.bench.harness import stock_lib_dir
+
+        env["LLAMA_CPP_LIB_PATH"] = str(stock_lib_dir())
     cmd = [sys.executable, __file__, "--worker", json.dumps(cfg)]
     with tempfile.TemporaryDirectory() as tmp:
         if instructions:

@@ -7,7 +7,8 @@
 #   FARCTX_STOCK=1 scripts/build.sh           stock llama.cpp (no patches) into build/cmake-stock
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-PYTHON=${PYTHON:-python3} "$root/scripts/fetch-llama.sh"
+stock=(); [ "${FARCTX_STOCK:-0}" = 1 ] && stock=(--stock)
+"${PYTHON:-python3}" "$root/scripts/fetch_llama.py" "${stock[@]}"
 export CCACHE_BASEDIR="$root"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_NOHASHDIR=1

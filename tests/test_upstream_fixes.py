@@ -1,7 +1,8 @@
 """The reproducers of the stock llama.cpp defects that the first patches fix (patches/README.md marks them as
 upstream candidates). Each case (tests/upstream_repro.py) runs in a child process through llama-cpp-python's own
 binding, once against the
-stock library built from the pinned source (build/cmake-stock, made by scripts/setup.sh) and once against ours:
+stock library built from the pinned source (build/cmake-stock: `scripts/setup.sh --full`, or built here on first use)
+and once against ours:
 it must fail on stock (a wrong result or a crash) and pass on ours. A case that stopped failing on stock says the
 defect is gone upstream, and the patch can leave the series at the next rebase.
 """
@@ -15,9 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-STOCK_LIBS = ROOT / "build" / "cmake-stock" / "bin"
 
 REPRO = Path(__file__).with_name("upstream_repro.py")
 
@@ -49,11 +47,10 @@ def test_fails_on_stock_and_passes_here(tiny_model: Path, case: str) -> None:
     """seq_div's sign (the seq-div patch); the K-shift re-applying YaRN's magnitude factor, aborting on a BF16
     cache and dereferencing a missing Hadamard rotation (the K-shift patch)."""
     import farctx
+    from farctx.bench.harness import stock_lib_dir
 
-    if not (STOCK_LIBS / "libllama.so").exists():
-        pytest.fail(f"{STOCK_LIBS} holds no stock libllama: scripts/setup.sh builds it")
     ours = outcome(run_case(tiny_model, case, farctx._paths.lib_dir()), case)
-    stock = outcome(run_case(tiny_model, case, STOCK_LIBS), case)
+    stock = outcome(run_case(tiny_model, case, stock_lib_dir()), case)
     assert ours == "pass", f"{case} on the patched library: {ours}"
     assert stock != "pass", f"{case} passes on stock llama.cpp: the defect is fixed upstream (drop the patch)"
     print(f"{case}: stock {stock}; patched: pass")

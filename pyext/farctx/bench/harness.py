@@ -37,12 +37,28 @@ class BenchResult:
 
 
 def stock_lib_dir() -> Path:
-    """Stock llama.cpp built from the same source (FARCTX_STOCK_LIB_DIR, or a checkout's build/cmake-stock)."""
+    """Stock llama.cpp built from the same source: FARCTX_STOCK_LIB_DIR, or a checkout's build/cmake-stock,
+    which the first caller in a checkout builds (once, scripts/build.sh with FARCTX_STOCK=1)."""
     checkout = Path(__file__).resolve().parents[3]  # meaningful in a checkout (editable install) only
-    folder = Path(os.environ.get("FARCTX_STOCK_LIB_DIR", checkout / "build" / "cmake-stock" / "bin"))
-    if not (folder / "libllama.so").exists() and not (folder / "libllama.dylib").exists():
-        raise FarctxError(f"stock llama.cpp not built in {folder}: run FARCTX_STOCK=1 scripts/build.sh")
+    override = os.environ.get("FARCTX_STOCK_LIB_DIR")
+    folder = Path(override) if override else checkout / "build" / "cmake-stock" / "bin"
+    build = checkout / "scripts" / "build.sh"
+    if not _has_libllama(folder) and not override and build.is_file():
+        print("farctx: building stock llama.cpp from the pinned source into build/cmake-stock (the baseline that "
+              "benchmarks compare with; once, about 4 minutes on 2 cores)", file=sys.stderr, flush=True)
+        bin_dir = str(Path(sys.executable).parent)
+        env = dict(os.environ, FARCTX_STOCK="1", PYTHON=sys.executable,
+                   PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        if subprocess.run(["bash", str(build)], env=env, stdout=sys.stderr).returncode != 0:
+            raise FarctxError("building stock llama.cpp failed (messages above): FARCTX_STOCK=1 scripts/build.sh")
+    if not _has_libllama(folder):
+        raise FarctxError(f"stock llama.cpp not built in {folder}: run FARCTX_STOCK=1 scripts/build.sh "
+                          "(or set FARCTX_STOCK_LIB_DIR)")
     return folder
+
+
+def _has_libllama(folder: Path) -> bool:
+    return (folder / "libllama.so").exists() or (folder / "libllama.dylib").exists()
 
 
 def median(values: Sequence[Optional[float]]) -> Optional[float]:
