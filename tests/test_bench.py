@@ -53,3 +53,16 @@ def test_cli_bench_writes_the_contract(tmp_path, tiny_model):
     assert "| lminf | 128 |" in result.stdout
     assert set(report["scaling"]) == {"vanilla", "lminf"} and "scaling with length" in result.stdout
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_stock_library_found_or_named(tmp_path, monkeypatch):
+    """The checkout's stock build is what the setup made; a folder given by FARCTX_STOCK_LIB_DIR is never built."""
+    import pytest
+
+    from farctx import FarctxError
+    from farctx.bench.harness import stock_lib_dir
+
+    assert (stock_lib_dir() / "libllama.so").exists()
+    monkeypatch.setenv("FARCTX_STOCK_LIB_DIR", str(tmp_path))
+    with pytest.raises(FarctxError, match=f"stock llama.cpp not built in {tmp_path}"):
+        stock_lib_dir()
