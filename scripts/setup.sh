@@ -68,8 +68,8 @@ full_stamp="$venv/.farctx-full"
 if [ "$full" = 1 ] && [ "$(cat "$full_stamp" 2>/dev/null)" != "$(deps_hash)" ]; then
     say "installing the extras (eval, serve, test), the llm plugin and the long texts"
     # evaluations (plots, the novels' reader), farctx serve (llama-cpp-python's server stack), the
-    # llm plugin, the server tests' clients, the wheel check's builder
-    pipi matplotlib rdata pytest build "fastapi>=0.100" "uvicorn>=0.22" "sse-starlette>=1.6.1" \
+    # llm plugin, the server tests' clients and fuzzer (schemathesis), the wheel check's builder
+    pipi matplotlib rdata pytest schemathesis build "fastapi>=0.100" "uvicorn>=0.22" "sse-starlette>=1.6.1" \
         "starlette-context>=0.3.6,<0.4" "pydantic-settings>=2.0.1" "llm>=0.19" "openai>=1" "httpx>=0.24"
     pipi --no-deps -e "$root/llm-farctx"
     "$VPY" -m farctx.eval.data --install

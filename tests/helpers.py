@@ -193,8 +193,9 @@ def post(server: str, path: str, body: object, **kw: object) -> "httpx.Response"
     import httpx
 
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    kw.setdefault("timeout", 60)
     return httpx.post(f"{server}{path}", content=content, headers={"Content-Type": "application/json"},
-                      timeout=60, **kw)  # type: ignore[arg-type]
+                      **kw)  # type: ignore[arg-type]
 
 
 def server_metrics(server: str) -> dict[str, float]:

@@ -266,6 +266,17 @@ def test_close_and_context_manager(tiny_model: Path) -> None:
     assert other._stream is None
 
 
+def test_a_grammar_llama_cpp_refuses_is_an_error_not_a_crash(tiny_model: Path) -> None:
+    """llama.cpp's grammar sampler is NULL for a grammar it cannot parse; stock llama_cpp.Llama puts that NULL in
+    its sampler chain and the process dies at the first sample. farctx.Llama refuses the grammar and goes on."""
+    with make(tiny_model, "lminf") as llm:
+        with pytest.raises(farctx.FarctxError, match="GBNF parser refused"):
+            llm.create_completion("Hello", max_tokens=2, grammar=llama_cpp.LlamaGrammar.from_string("root ::= [a-"))
+        good = llama_cpp.LlamaGrammar.from_string('root ::= "yes" | "no"')
+        assert llm.create_completion("Hello", max_tokens=4, temperature=0, grammar=good)["choices"][0]["text"] in \
+            ("yes", "no")
+
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -8,6 +8,7 @@ import re
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -149,6 +150,21 @@ def test_requests_past_the_slot_get_the_sizes(server, client):
                                   "farctx": {"method": "mesa", "first_chunk": 100}}, "first_chunk (100)"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "farctx": {"method": "lminf", "n_local": 4096}},
          "per slot"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "farctx": {"n_local": -5}},
+         "farctx.n_local: Input should be greater than or equal to 0"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}], "max_tokens": 4},
+         "chat template cannot render them (TypeError"),
+        ("/v1/completions", b'{"prompt": "caf\xe9 \xff", "max_tokens": 4}', "not valid UTF-8"),
+        ("/v1/completions", {"prompt": "lone \ud800 surrogate", "max_tokens": 4}, "surrogate"),
+        ("/v1/completions", {}, "the prompt is empty"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "grammar": "x"}, "GBNF parser refused it"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "grammar": "root ::= [a-"},
+         "GBNF parser refused it"),
+        ("/v1/completions", {"prompt": "hi", "farctx": {"method": "mesa", "first_chunk": 2**40}},
+         "first_chunk must fit in 32 bits"),
+        ("/v1/completions", {"prompt": "", "max_tokens": 4, "stream": True}, "the prompt is empty"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "lone \udfff"}], "max_tokens": 4},
+         "surrogate"),
     ],
 )
 def test_bad_requests_get_a_400_with_a_message(server, path, body, message):
@@ -205,6 +221,48 @@ def test_metrics_in_prometheus_text_format(server, client, n_slots):
     cells = [after[f'farctx_kv_cells_used{{slot="{i}"}}'] for i in range(n_slots)]
     assert max(cells) > 0
     assert "# TYPE farctx_requests_total counter" in text.text and "# TYPE farctx_kv_cells_used gauge" in text.text
+
+
+def test_null_means_the_default(server):
+    """OpenAI's clients send null for a field they do not set: the field's default applies."""
+    body = {"prompt": "The river ran", "max_tokens": 4, "temperature": 0}
+    plain = post(server, "/v1/completions", body)
+    nulls = post(server, "/v1/completions", {**body, "presence_penalty": None, "frequency_penalty": None, "n": None,
+                                              "best_of": None, "seed": None, "stop": None, "logit_bias": None})
+    assert plain.status_code == nulls.status_code == 200, nulls.text
+    assert nulls.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+
+
+def test_hostile_inputs_are_answered_and_the_others_served(server, client):
+    """A body of megabytes (a prompt of a million tokens), a thousand stop strings, and a client that opens a
+    stream and never reads it: each is answered cleanly while the other requests get their answers alone."""
+    others = [("completion", "The river ran", None), ("chat-stream", "Hello there", None)]
+    alone = [ask(client, kind, prompt, farctx=farctx) for kind, prompt, farctx in others]
+
+    def huge() -> tuple[int, dict]:  # about 4 MB of JSON: a million tokens, past any cache of a whole-stream method
+        r = post(server, "/v1/completions", {"prompt": "word " * 1_000_000, "max_tokens": 4,
+                                              "farctx": {"method": "vanilla"}}, timeout=300)
+        return r.status_code, r.json()["error"]
+
+    def stops() -> int:
+        r = post(server, "/v1/completions", {"prompt": "The river ran", "max_tokens": 8, "temperature": 0,
+                                              "stop": [f"never-{i}" for i in range(1000)]})
+        return r.status_code
+
+    def unread() -> int:  # the response's head, then nothing read until the others are done
+        with httpx.stream("POST", f"{server}/v1/completions", timeout=60,
+                          json={"prompt": "A long story:", "max_tokens": 100000, "stream": True}) as r:
+            status = r.status_code
+            time.sleep(3)
+            return status
+
+    together = concurrently([huge, stops, unread] + [lambda j=j: ask(client, j[0], j[1], farctx=j[2]) for j in others])
+    status, error = together[0]
+    assert status == 400 and error["type"] == "exceed_context_size_error" and error["n_prompt_tokens"] >= 10**6
+    assert together[1] == 200 and together[2] == 200
+    assert together[3:] == alone
+    wait_idle(server)
+    assert ask(client, others[0][0], others[0][1]) == alone[0]
 
 
 def test_max_tokens_is_capped_by_n_predict(client):

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import rpc
 from .errors import FarctxError
+from .grammar import check_grammar
 from .kv_types import check_kv_types, kv_type_id
 from .methods import MethodParams, budget_ubatch, stream_cache, ubatch_size
 from .models import check_gguf, context_and_window, resolve_model_path
@@ -170,6 +171,7 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         """llama_cpp.Llama.generate. Its prompt-prefix reuse keeps the stream only where the result equals a fresh
         run: a method that plans a prompt from its length (mesa) reads a prompt of another plan from its start."""
         tokens = list(tokens)
+        check_grammar(self._model.vocab, kwargs.get("grammar"))  # a grammar llama.cpp refuses would crash sampling
         if self._stream is not None and self.n_tokens and kwargs.get("reset", True) \
                 and not self._stream.keeps_plan(len(tokens)):
             self.reset()

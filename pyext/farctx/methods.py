@@ -123,6 +123,8 @@ class _MethodParamsBase:
                 raise FarctxError(f"unknown parameter '{name}' for method '{method}'")
             if isinstance(value, bool) or not isinstance(value, int):
                 raise FarctxError(f"{name} must be an integer (got {value!r})")
+            if not -2**31 <= value < 2**31:  # the parameter table's fields are int32_t
+                raise FarctxError(f"{name} must fit in 32 bits (got {value})")
             setattr(params, name, value)
         return params
 

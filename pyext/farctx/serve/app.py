@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .requests import ChatCompletionRequest, CompletionRequest, error_body
 from .server import Server
@@ -59,6 +60,14 @@ def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAP
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(error_body(400, _validation_message(exc), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own refusals (a body that is not UTF-8, an unknown path or method) in the same shape."""
+        kinds = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
+        message = "the body is not valid UTF-8 JSON" if exc.status_code == 400 else str(exc.detail)
+        return JSONResponse(error_body(exc.status_code, message, kinds.get(exc.status_code, "invalid_request_error")),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

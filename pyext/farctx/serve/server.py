@@ -274,6 +274,8 @@ class Server:
         """The tokens the scheduler samples for the prompt `tokens` under the request's sampler chain; raises
         ContextSizeError / FarctxError with the sizes when the request cannot fit in a slot. Closing the iterator
         cancels the request's slot."""
+        if not tokens:  # nothing to sample from: this model's tokenizer adds no BOS to an empty prompt
+            raise FarctxError("the prompt is empty: it has no tokens to continue (this model adds no BOS token)")
         limit = self.scheduler.generation_limit(view.method, len(tokens), view.max_tokens)
         view.last_prompt_tokens = len(tokens)
         request = Request(prompt=tokens, method=view.method, sampler=sampler, max_tokens=limit,
@@ -314,6 +316,10 @@ class Server:
 
     async def handle(self, body: CompletionRequest | ChatCompletionRequest, chat: bool) -> Any:
         kwargs = body.model_dump(exclude=NOT_LLAMA_KWARGS)
+        fields = type(body).model_fields
+        for name, value in kwargs.items():  # an explicit null is the field's default, as in OpenAI's API
+            if value is None and name in fields and fields[name].default is not None:
+                kwargs[name] = fields[name].default
         kwargs["model"] = body.model or self.alias
         if chat and body.max_completion_tokens is not None:  # type: ignore[union-attr]
             kwargs["max_tokens"] = body.max_completion_tokens  # type: ignore[union-attr]

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from ..errors import FarctxError
+from ..grammar import check_grammar
 from .sampling import RowSampler
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ class RequestView:
         self.max_tokens: Optional[int] = None
         self.last_prompt_tokens = 0
         self.request: Optional[Request] = None
+        self._prompt_ready = False  # create_completion reached: the chat template has rendered the messages
         # llama_cpp reads these after its generation loop (stopping criteria): the stream, a logits row
         self._input_ids = np.zeros(0, dtype=np.intc)
         self._scores = np.zeros((1, 1), dtype=np.single)
@@ -53,13 +56,26 @@ class RequestView:
 
     def create_completion(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
         self.max_tokens = kwargs.get("max_tokens", args[1] if len(args) > 1 else 16)
+        self._prompt_ready = True
         return self._llama_cpp().Llama.create_completion(self, prompt, *args, **kwargs)
 
     def _create_completion(self, *args: Any, **kwargs: Any) -> Any:
         return self._llama_cpp().Llama._create_completion(self, *args, **kwargs)
 
     def create_chat_completion(self, *args: Any, **kwargs: Any) -> Any:
-        return self._llama_cpp().Llama.create_chat_completion(self, *args, **kwargs)
+        """llama_cpp's chat completion. It renders the messages with the model's chat template, then calls
+        create_completion: a failure before that is the request's (messages the template cannot render, such as
+        a message without content or roles out of the template's order), answered as a 400 naming the cause."""
+        self._prompt_ready = False
+        try:
+            return self._llama_cpp().Llama.create_chat_completion(self, *args, **kwargs)
+        except (FarctxError, ValueError):
+            raise
+        except Exception as exc:
+            if self._prompt_ready:
+                raise
+            raise FarctxError(f"messages: the model's chat template cannot render them "
+                              f"({type(exc).__name__}: {exc})") from exc
 
     def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
@@ -68,6 +84,7 @@ class RequestView:
                  penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
                  grammar: Any = None) -> Iterator[int]:
         """The tokens the scheduler samples for `tokens` under this request's sampler chain (llama_cpp's)."""
+        check_grammar(self._server.front._model.vocab, grammar)
         chain = self._llama_cpp().Llama._init_sampler(
             self, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
