@@ -70,6 +70,23 @@ def test_cli_no_prompt(tiny_model):
     assert result.stderr.strip() == "farctx: error: no prompt: give -p TEXT or -f FILE (- for stdin)"
 
 
+def test_empty_prompt_is_an_error_not_an_assert(tiny_model):
+    """The bundled tokenizer adds no BOS: an empty prompt has no token to continue (llama_cpp asserts)."""
+    result = run_cli("generate", "-m", str(tiny_model), "-p", "", "-n", "2")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == \
+        "farctx: error: the prompt is empty: it has no tokens to continue (this model adds no BOS token)"
+    with farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=16) as llm:
+        with pytest.raises(farctx.FarctxError, match="the prompt is empty"):
+            llm.create_completion("", max_tokens=2)
+        assert llm.create_completion("Hi", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_python_bad_parameters_past_32_bits(tiny_model):
+    with pytest.raises(farctx.FarctxError, match="n_local must fit in 32 bits"):
+        farctx.Llama(str(tiny_model), method="lminf", n_local=2**40)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

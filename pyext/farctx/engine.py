@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from . import rpc
-from .errors import FarctxError
+from .errors import EmptyPromptError, FarctxError
 from .grammar import check_grammar
 from .kv_types import check_kv_types, kv_type_id
 from .methods import MethodParams, budget_ubatch, stream_cache, ubatch_size
@@ -172,6 +172,8 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         run: a method that plans a prompt from its length (mesa) reads a prompt of another plan from its start."""
         tokens = list(tokens)
         check_grammar(self._model.vocab, kwargs.get("grammar"))  # a grammar llama.cpp refuses would crash sampling
+        if not tokens and not (kwargs.get("reset", True) is False and self.n_tokens):
+            raise EmptyPromptError()  # llama_cpp would fail an assert at its first sample
         if self._stream is not None and self.n_tokens and kwargs.get("reset", True) \
                 and not self._stream.keeps_plan(len(tokens)):
             self.reset()

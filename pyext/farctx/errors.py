@@ -18,3 +18,10 @@ class ContextSizeError(FarctxError):
         super().__init__(message)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+
+
+class EmptyPromptError(FarctxError):
+    """Generation asked for with no token to continue: an empty prompt on a model that adds no BOS token."""
+
+    def __init__(self) -> None:
+        super().__init__("the prompt is empty: it has no tokens to continue (this model adds no BOS token)")

@@ -34,7 +34,7 @@ from llama_cpp.server.app import prepare_request_resources
 from sse_starlette.sse import EventSourceResponse
 
 from ..batch import SequenceBatch
-from ..errors import ContextSizeError, FarctxError
+from ..errors import ContextSizeError, EmptyPromptError, FarctxError
 from ..methods import MethodParams, split_method_kwargs, stream_cache, ubatch_size
 from ..models import context_and_window, resolve_model_path
 from ..progress import Progress
@@ -274,8 +274,8 @@ class Server:
         """The tokens the scheduler samples for the prompt `tokens` under the request's sampler chain; raises
         ContextSizeError / FarctxError with the sizes when the request cannot fit in a slot. Closing the iterator
         cancels the request's slot."""
-        if not tokens:  # nothing to sample from: this model's tokenizer adds no BOS to an empty prompt
-            raise FarctxError("the prompt is empty: it has no tokens to continue (this model adds no BOS token)")
+        if not tokens:  # nothing to sample from (llama_cpp would assert): the scheduler would wait for ever
+            raise EmptyPromptError()
         limit = self.scheduler.generation_limit(view.method, len(tokens), view.max_tokens)
         view.last_prompt_tokens = len(tokens)
         request = Request(prompt=tokens, method=view.method, sampler=sampler, max_tokens=limit,
