@@ -64,7 +64,11 @@ def install_austen(quiet: bool = False) -> Path:
         print(f"farctx: fetching Jane Austen's novels (Debian {DEBIAN_PACKAGE}, 1.6 MB, without R) into {target}",
               file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        got = subprocess.run(["apt-get", "download", "-qq", DEBIAN_PACKAGE], cwd=tmp, capture_output=True, text=True)
+        download = ["apt-get", "download", "-qq", DEBIAN_PACKAGE]
+        got = subprocess.run(download, cwd=tmp, capture_output=True, text=True)
+        if got.returncode != 0 and os.geteuid() == 0:  # a new machine's package lists may be empty
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+            got = subprocess.run(download, cwd=tmp, capture_output=True, text=True)
         debs = sorted(Path(tmp).glob(f"{DEBIAN_PACKAGE}_*.deb"))
         if got.returncode != 0 or not debs:
             raise FarctxError(f"could not download Debian's {DEBIAN_PACKAGE} (offline, or apt's package lists not "
