@@ -43,8 +43,9 @@ def _convert(data: bytes) -> object:
 
 def cache_dir() -> Path:
     """Where install_austen puts the data folder: $FARCTX_DATA_DIR, else the user's cache."""
-    base = os.environ.get("FARCTX_DATA_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "farctx"
-    return Path(base) / "janeaustenr"
+    if os.environ.get("FARCTX_DATA_DIR"):
+        return Path(os.environ["FARCTX_DATA_DIR"]) / "janeaustenr"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "farctx" / "janeaustenr"
 
 
 def _installed(folder: Path) -> bool:

@@ -64,10 +64,10 @@ def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAP
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals (a body that is not UTF-8, an unknown path or method) in the same shape."""
-        kinds = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = "the body is not valid UTF-8 JSON" if exc.status_code == 400 else str(exc.detail)
-        return JSONResponse(error_body(exc.status_code, message, kinds.get(exc.status_code, "invalid_request_error")),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(error_body(exc.status_code, message, kind), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
