@@ -22,6 +22,9 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
               help="cap on a request's max_tokens: asking more (or nothing) gets the cap (0: no cap)")
 @click.option("-to", "--timeout", "timeout", type=click.FloatRange(0), default=0, show_default=True,
               help="seconds a request may take from its arrival; past it, it is cancelled and answered 408 (0: none)")
+@click.option("--deterministic", is_flag=True,
+              help="batch-invariant kernels: a request's logits are bitwise the same whatever runs beside it (CPU "
+                   "backend only; slower, docs/server.md)")
 @click.option("--metrics", is_flag=True, help="serve /metrics (Prometheus text format)")
 @click.option("--no-override", is_flag=True, help="refuse a per-request method (the `farctx` body field)")
 @click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` (comma-separated keys; /health stays open)")
@@ -36,7 +39,7 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @runtime_options()
 @method_options()
 def serve(model: str | None, host: str, port: int, alias: str | None, parallel: int, ctx_max: int | None,
-          n_predict: int, timeout: float, metrics: bool, no_override: bool, api_key: str | None,
+          n_predict: int, timeout: float, deterministic: bool, metrics: bool, no_override: bool, api_key: str | None,
           api_key_file: str | None, ssl_key_file: str | None, ssl_cert_file: str | None, log_level: str,
           **opts: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
@@ -67,6 +70,8 @@ def serve(model: str | None, host: str, port: int, alias: str | None, parallel: 
     if (ssl_key_file is None) != (ssl_cert_file is None):
         raise click.BadParameter("give both or neither", param_hint="--ssl-key-file / --ssl-cert-file")
     kwargs = llama_kwargs(opts)
+    if deterministic:
+        kwargs["deterministic"] = True
     name = alias or Path(resolve_model_path(model)).stem
     server = Server(model, kwargs, name, n_parallel=parallel, allow_override=not no_override,
                     limits=Limits(n_predict=n_predict, timeout=timeout), metrics=metrics)

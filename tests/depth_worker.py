@@ -45,12 +45,12 @@ def stream_tokens(i: int) -> tuple[int, list[int]]:
 
 
 def run(model: str, method: str, n_seq: int, kv: tuple[int, int, bool], streams: list[int],
-        alone: bool) -> dict[int, np.ndarray]:
+        alone: bool, deterministic: bool = False) -> dict[int, np.ndarray]:
     """Logits of the given streams (after the prompt, after each decoded token): together in one context of n_seq
     sequences, or (alone) one after another through sequence 0 of it."""
     type_k, type_v, fa = kv
     batch = SequenceBatch(model, n_seq=n_seq, n_ctx_seq=256, n_batch=64, n_ubatch=16, type_k=type_k,
-                          type_v=type_v, flash_attn=fa, n_threads=2)
+                          type_v=type_v, flash_attn=fa, n_threads=2, deterministic=deterministic)
     got: dict[int, list[np.ndarray]] = {i: [] for i in streams}
     try:
         groups = [[i] for i in streams] if alone else [streams]
@@ -88,10 +88,11 @@ def run(model: str, method: str, n_seq: int, kv: tuple[int, int, bool], streams:
 def main() -> None:
     model, method = sys.argv[1], sys.argv[2]
     kv = (int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
-    ref = run(model, method, 1, kv, list(range(max(N_SEQS))), alone=True)
+    det = len(sys.argv) > 6 and sys.argv[6] == "deterministic"
+    ref = run(model, method, 1, kv, list(range(max(N_SEQS))), alone=True, deterministic=det)
     report: dict[str, object] = {}
     for n_seq in N_SEQS:
-        got = ref if n_seq == 1 else run(model, method, n_seq, kv, list(range(n_seq)), alone=False)
+        got = ref if n_seq == 1 else run(model, method, n_seq, kv, list(range(n_seq)), alone=False, deterministic=det)
         rows = []
         for i in range(n_seq):
             assert got[i].shape == ref[i].shape == (N_DECODE + 1, ref[i].shape[1]), (n_seq, i, got[i].shape)

@@ -28,12 +28,13 @@ class SequenceBatch:
 
     Keyword arguments are llama.cpp's, named as in `farctx.Llama` (`n_batch`, `n_ubatch`, `n_threads`,
     `n_threads_batch`, `flash_attn`, `type_k`, `type_v`, `n_gpu_layers`, `offload_kqv`, `use_mmap`,
-    `verbose`, `rpc_servers`, `tensor_split`). A stream is opened with a method and its parameters (`open`), then fed with
+    `verbose`, `rpc_servers`, `tensor_split`), and `deterministic`: every stream's logits bitwise the same whatever
+    the others fed beside it (batch-invariant kernels, slower; `docs/server.md`). A stream is opened with a method and its parameters (`open`), then fed with
     `step`.
     """
 
     _CONTEXT_KEYS = ("n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "type_k", "type_v",
-                     "offload_kqv", "swa_full")
+                     "offload_kqv", "swa_full", "deterministic")
     _MODEL_KEYS = ("n_gpu_layers", "use_mmap", "verbose", "rpc_servers", "tensor_split")
 
     def __init__(self, model_path: Optional[str] = None, *, n_seq: int, n_ctx_seq: int, **kwargs: Any) -> None:
@@ -64,6 +65,8 @@ class SequenceBatch:
         n_gpu_layers = int(kwargs.get("n_gpu_layers", 0))
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers == -1 else n_gpu_layers
         mparams.use_mmap = bool(kwargs.get("use_mmap", True))
+        if kwargs.get("deterministic"):
+            mparams.use_extra_bufts = False  # repacked weights take other kernels by the batch's column count
         self.rpc_servers = rpc.parse_servers(kwargs.get("rpc_servers"))
         self._model_devices = rpc.model_devices(self.rpc_servers) if self.rpc_servers else None
         if self._model_devices is not None:
@@ -101,6 +104,12 @@ class SequenceBatch:
             raise FarctxError(f"llama.cpp could not create a context for {self.model_path}: "
                               f"{_LOG.reason() or 'see the log'}")
         rpc.hold(self, self.rpc_servers)
+        self.deterministic = bool(kwargs.get("deterministic", False))
+        if self.deterministic and not _batch_invariant(self._ctx):
+            self.close()
+            raise FarctxError("deterministic needs every layer on the CPU backend: a GPU or RPC backend computes "
+                              "part of this context's graph, and only the CPU has batch-invariant kernels "
+                              "(use -ngl 0 on a CPU-only build)")
         self._cctx = _N.llama_context_ptr(self._ctx)
         self.n_seq = n_seq
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # rounded up to 256 cells by llama.cpp
@@ -193,3 +202,11 @@ class SequenceBatch:
             self.close()
         except Exception:
             pass
+
+
+def _batch_invariant(ctx: Any) -> bool:
+    """Switch ctx to batch-invariant kernels; False if a backend without them computes part of its graph."""
+    lib = _N.llama_cpp.llama_cpp._lib
+    fn = lib.llama_set_batch_invariant
+    fn.restype, fn.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_bool]
+    return bool(fn(ctx, True))

@@ -42,6 +42,9 @@ def _authorized(header: str | None, api_keys: frozenset[str]) -> bool:
     return scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip(), k) for k in api_keys)
 
 
+COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
 def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAPI:
     """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics (with
     server.metrics; Prometheus text). With api_keys, every route but /health answers 401 to a request without `Authorization: Bearer` and one of them."""
@@ -49,25 +52,32 @@ def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAP
 
     app = FastAPI(title="farctx", version=farctx.__version__)
 
+    def refuse(request: Request, status: int, message: str, kind: str = "invalid_request_error",
+               headers: Optional[dict[str, str]] = None) -> JSONResponse:
+        """An error answered before the server takes the request, counted in /metrics as the server counts its
+        own answers (a completion endpoint's every request is counted once, by its status)."""
+        if request.url.path in COMPLETION_PATHS:
+            server.count(status)
+        return JSONResponse(error_body(status, message, kind), status_code=status, headers=headers)
+
     if api_keys:
         @app.middleware("http")
         async def require_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
             if request.url.path != "/health" and not _authorized(request.headers.get("authorization"), api_keys):
-                return JSONResponse(error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                               "authentication_error"), status_code=401)
+                return refuse(request, 401, "invalid or missing API key (Authorization: Bearer KEY)",
+                              "authentication_error")
             return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(400, _validation_message(exc), "invalid_request_error"), status_code=400)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return refuse(request, 400, _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals (a body that is not UTF-8, an unknown path or method) in the same shape."""
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = "the body is not valid UTF-8 JSON" if exc.status_code == 400 else str(exc.detail)
-        return JSONResponse(error_body(exc.status_code, message, kind), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return refuse(request, exc.status_code, message, kind, getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -90,20 +100,18 @@ def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAP
         }]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Any:
+    async def completions(request: Request, body: CompletionRequest) -> Any:
         if isinstance(body.prompt, list):
             if len(body.prompt) > 1:
-                return JSONResponse(error_body(400, "prompt: one prompt per request", "invalid_request_error"),
-                                    status_code=400)
+                return refuse(request, 400, "prompt: one prompt per request")
             body.prompt = body.prompt[0] if body.prompt else ""
-        return await server.handle(body, chat=False)
+        return await server.handle(body, chat=False, gone=request.is_disconnected)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
         if not body.messages:
-            return JSONResponse(error_body(400, "messages: at least one message", "invalid_request_error"),
-                                status_code=400)
-        return await server.handle(body, chat=True)
+            return refuse(request, 400, "messages: at least one message")
+        return await server.handle(body, chat=True, gone=request.is_disconnected)
 
     return app
 

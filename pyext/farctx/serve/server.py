@@ -314,7 +314,11 @@ class Server:
 
     # -- the endpoints' side (the event loop) --------------------------------------------------------
 
-    async def handle(self, body: CompletionRequest | ChatCompletionRequest, chat: bool) -> Any:
+    async def handle(self, body: CompletionRequest | ChatCompletionRequest, chat: bool,
+                     gone: Optional[Callable[[], Any]] = None) -> Any:
+        """Serve one request. `gone` (an awaitable check, e.g. Starlette's request.is_disconnected) is asked
+        while the request waits and runs: a client that left before the first byte of its answer cancels it
+        (its slot is freed; counted 499), as a streamed request is cancelled when its client leaves."""
         kwargs = body.model_dump(exclude=NOT_LLAMA_KWARGS)
         fields = type(body).model_fields
         for name, value in kwargs.items():  # an explicit null is the field's default, as in OpenAI's API
@@ -332,11 +336,15 @@ class Server:
         threading.Thread(target=self._work, args=(job, body, kwargs, chat), daemon=True,
                          name="farctx-request").start()
         try:
-            kind, value = await job.queue.get()
+            kind, value = await self._first_event(job, gone)
         except BaseException:
             job.cancel.set()
             self.count(499)
             raise
+        if kind == "gone":
+            job.cancel.set()
+            self.count(499)
+            return JSONResponse(error_body(499, "the client closed the connection", "cancelled"), status_code=499)
         if kind == "error":
             status, payload = error_response(value)
             self.count(status)
@@ -345,6 +353,23 @@ class Server:
             self.count(200)
             return value
         return EventSourceResponse(self._events(job, (kind, value)), sep="\n")
+
+    @staticmethod
+    async def _first_event(job: Job, gone: Optional[Callable[[], Any]]) -> tuple[str, Any]:
+        """The job's first event, or ("gone", None) when `gone` says the client left first (asked twice a
+        second)."""
+        if gone is None:
+            return await job.queue.get()
+        getter = asyncio.ensure_future(job.queue.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({getter}, timeout=0.5)
+                if done:
+                    return getter.result()
+                if await gone():
+                    return "gone", None
+        finally:
+            getter.cancel()
 
     async def _events(self, job: Job, first: tuple[str, Any]) -> AsyncIterator[dict[str, str]]:
         status: int = 499  # the client went away before the end
