@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -339,6 +340,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-growth", type=float, default=16.0,
                     help="RSS growth per request (KB; over the rounds after the first 3, the largest step left "
                          "out) that fails the run")
+    ap.add_argument("--wrap", default="", help="a command the server runs under, e.g. 'python -m memray run -o "
+                                              "server.bin' (a memory profiler; the server's python is run by it)")
     ap.add_argument("--out", default=None, help="summary JSON (default: bench/results/soak/soak-<minutes>min.json)")
     args = ap.parse_args(argv)
 
@@ -362,7 +365,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = out.with_suffix(".server.log")
-    cmd = [sys.executable, "-m", "farctx.cli.main", "serve", "--port", str(port), "--method", "lminf",
+    wrap = shlex.split(args.wrap.replace("python ", sys.executable + " ", 1)) if args.wrap else [sys.executable]
+    cmd = [*wrap, "-m", "farctx.cli.main", "serve", "--port", str(port), "--method", "lminf",
            "--n-ctx-train", str(n_train), "-np", str(args.parallel), "-c", str(8 * n_train * args.parallel), "-b", str(4 * ubatch),
            "-ub", str(ubatch), "-fa", args.flash_attn, "--metrics", "-to", "300", "--log-level", "warning"]
     if args.deterministic:
@@ -468,7 +472,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "minutes": args.minutes, "load_seconds": round(load_seconds, 1), "parallel": args.parallel,
         "clients": args.clients,
         "model": "tiny (random weights)" if args.tiny else args.model or "default (SmolLM2-135M-Instruct)",
-        "n_ctx_train_assumed": n_train, "server": " ".join(cmd[3:]),
+        "n_ctx_train_assumed": n_train, "server": " ".join(cmd[len(wrap) + 2:]),
         "reference_seconds": round(reference_seconds, 1), "requests": tally.n_requests, "statuses": tally.statuses, "outcomes": tally.outcomes,
         "n_5xx": n_5xx, "failures": failures + tally.failures, "server_alive": alive and alive_after_load,
         "deterministic": args.deterministic,

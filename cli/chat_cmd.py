@@ -21,11 +21,10 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("--seed", type=int, default=-1, show_default=True, help="sampling seed (-1: random)")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--top-p", type=float, default=0.95, show_default=True)
-@click.option("--ctx-max", "ctx_max", type=int, default=None, hidden=True)
 @runtime_options()
 @method_options()
 def chat(model: str | None, system: str | None, file: str | None, n_predict: int, temp: float, seed: int,
-         top_k: int, top_p: float, ctx_max: int | None, **opts: Any) -> None:
+         top_k: int, top_p: float, **opts: Any) -> None:
     """Chat with the model, one line a message (/exit or end of input to stop).
 
     With the fixed-cache methods (lminf) the cache stays the same size however long the
@@ -38,9 +37,6 @@ def chat(model: str | None, system: str | None, file: str | None, n_predict: int
     from farctx.chat import Chat, fixed_head_tokens, run_chat
     from farctx.methods import llama_stream_cache, method_infos
     from farctx.models import resolve_model_path
-
-    if ctx_max is not None:
-        raise click.BadParameter("is gone: -c sets the cache the conversation has", param_hint="--ctx-max")
 
     document = None
     if file is not None:

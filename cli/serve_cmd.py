@@ -17,7 +17,6 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
 @click.option("-a", "--alias", default=None, help="the model's name in the API (default: the file name)")
 @click.option("-np", "--parallel", "parallel", type=click.IntRange(1, 256), default=1, show_default=True,
               help="slots: requests served at once (continuous batching); -c is shared among them")
-@click.option("--ctx-max", "ctx_max", type=int, default=None, hidden=True, expose_value=True)
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(0), default=0, show_default=True,
               help="cap on a request's max_tokens: asking more (or nothing) gets the cap (0: no cap)")
 @click.option("-to", "--timeout", "timeout", type=click.FloatRange(0), default=0, show_default=True,
@@ -38,7 +37,7 @@ from .options import llama_kwargs, method_options, model_option, runtime_options
               default="info", show_default=True)
 @runtime_options()
 @method_options()
-def serve(model: str | None, host: str, port: int, alias: str | None, parallel: int, ctx_max: int | None,
+def serve(model: str | None, host: str, port: int, alias: str | None, parallel: int,
           n_predict: int, timeout: float, deterministic: bool, metrics: bool, no_override: bool, api_key: str | None,
           api_key_file: str | None, ssl_key_file: str | None, ssl_cert_file: str | None, log_level: str,
           **opts: Any) -> None:
@@ -61,9 +60,6 @@ def serve(model: str | None, host: str, port: int, alias: str | None, parallel: 
         from farctx.serve.server import Limits, Server
     except ImportError as exc:
         raise click.ClickException(f"farctx serve needs the server packages: pip install 'farctx[serve]' ({exc})")
-    if ctx_max is not None:
-        raise click.BadParameter("is gone: -c sets the KV cells of all slots (each gets c / np), allocated at "
-                                 "start", param_hint="--ctx-max")
     limit_malloc_arenas()  # before the model, the scheduler and uvicorn start threads
 
     keys = api_keys(api_key, api_key_file)

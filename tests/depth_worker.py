@@ -4,9 +4,10 @@ an abort inside llama.cpp fails one test instead of ending the suite.
 For n_seq in {1, 2, 4, 8}: n_seq streams of the method through one farctx.SequenceBatch (their prompts fed in
 pieces beside the others' decoding, Mesa's whole), then N_DECODE tokens each; every stream's logits (after its
 prompt and after each decoded token) are compared with that stream run alone (a one-stream context). Prints one
-JSON object: per n_seq, per stream, the largest difference and the logit scale.
+JSON object: per n_seq, per stream, the largest difference and the logit scale. With `deterministic`, every
+context runs batch-invariant kernels (SequenceBatch(deterministic=True)).
 
-    python depth_worker.py MODEL METHOD TYPE_K TYPE_V FLASH_ATTN(0/1)
+    python depth_worker.py MODEL METHOD TYPE_K TYPE_V FLASH_ATTN(0/1) [deterministic]
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def main() -> None:
     ref = run(model, method, 1, kv, list(range(max(N_SEQS))), alone=True, deterministic=det)
     report: dict[str, object] = {}
     for n_seq in N_SEQS:
-        got = ref if n_seq == 1 else run(model, method, n_seq, kv, list(range(n_seq)), alone=False, deterministic=det)
+        got = ref if n_seq == 1 else run(model, method, n_seq, kv, list(range(n_seq)), alone=False,
+                                         deterministic=det)
         rows = []
         for i in range(n_seq):
             assert got[i].shape == ref[i].shape == (N_DECODE + 1, ref[i].shape[1]), (n_seq, i, got[i].shape)

@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -194,16 +194,16 @@ def post(server: str, path: str, body: object, **kw: object) -> "httpx.Response"
 
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     kw.setdefault("timeout", 60)
-    return httpx.post(f"{server}{path}", content=content, headers={"Content-Type": "application/json"},
-                      **kw)  # type: ignore[arg-type]
+    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}  # type: ignore[dict-item]
+    return httpx.post(f"{server}{path}", content=content, headers=headers, **kw)  # type: ignore[arg-type]
 
 
-def server_metrics(server: str) -> dict[str, float]:
+def server_metrics(server: str, headers: Optional[dict[str, str]] = None) -> dict[str, float]:
     """/metrics as {name{labels}: value}."""
     import httpx
 
     values = {}
-    for line in httpx.get(f"{server}/metrics").text.splitlines():
+    for line in httpx.get(f"{server}/metrics", headers=headers).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)

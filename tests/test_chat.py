@@ -31,10 +31,6 @@ def test_chat_cli_keeps_streamings_sinks_on_the_fixed_head(tiny_model):
     assert f"n_sink {fixed_head_tokens(str(tiny_model), 'You are terse.')})" in result.stderr
 
 
-def test_chat_cli_refuses_the_retired_ctx_max(tiny_model):
-    result = run_cli("chat", "-m", str(tiny_model), "--ctx-max", "512", stdin="")
-    assert result.returncode == 2 and "--ctx-max" in result.stderr and "-c" in result.stderr
-
 
 def test_fixed_head_is_what_every_prompt_starts_with(tiny_model):
     with_system = fixed_head_tokens(str(tiny_model), "You are a very helpful assistant who answers briefly.")

@@ -211,6 +211,19 @@ def test_two_engines_on_the_same_servers(tiny_model, servers):
         second.close()
 
 
+def test_deterministic_is_refused_with_layers_on_rpc_servers(tiny_model, servers):
+    """Batch-invariant kernels are the CPU backend's: a context that computes layers elsewhere is refused with
+    the reason, and the servers stay usable."""
+    from farctx.batch import SequenceBatch
+
+    with pytest.raises(farctx.FarctxError, match="deterministic needs every layer on the CPU backend"):
+        SequenceBatch(str(tiny_model), n_seq=2, n_ctx_seq=64, rpc_servers=servers, n_gpu_layers=-1,
+                      deterministic=True)
+    with SequenceBatch(str(tiny_model), n_seq=2, n_ctx_seq=64, rpc_servers=servers, n_gpu_layers=-1) as batch:
+        batch.open(0)
+        assert batch.step({0: [1, 2, 3]})[0].shape == (batch.n_vocab,)
+
+
 def test_layers_stay_local_without_rpc_servers(tiny_model, servers, monkeypatch):
     """The servers' devices are never registered process-wide: a model loaded afterwards without
     rpc_servers offloads nothing to them."""

@@ -321,6 +321,50 @@ def test_timeout_cancels_a_request_and_the_others_finish(tiny_model, tmp_path, n
         assert httpx.get(f"{base}/health").json()["slots_processing"] == 0
 
 
+def test_metrics_count_every_request_and_a_client_that_gives_up_frees_its_slot(tiny_model, tmp_path):
+    """/metrics counts each completion request once by its status, refusals before the server takes it included
+    (401, a body that fails validation); a client that stops waiting for a non-streamed answer cancels it (499)
+    and its slot serves the next request; the process's memory is reported."""
+    port = free_port()
+    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "--api-key", "k",
+            "--metrics", "--log-level", "warning"]
+    key = {"Authorization": "Bearer k"}
+    with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}", headers=key) as base:
+        assert post(base, "/v1/completions", {"prompt": "hi"}, headers={}).status_code == 401
+        assert post(base, "/v1/completions", {"prompt": "hi", "max_tokens": "x"}, headers=key).status_code == 400
+        assert post(base, "/v1/chat/completions", {"messages": []}, headers=key).status_code == 400
+        endless = {"prompt": "A long story:", "max_tokens": 10**6, "temperature": 0,
+                   "logit_bias": {"2": -100, "0": -100}}  # no end of text
+        with pytest.raises(httpx.ReadTimeout):
+            post(base, "/v1/completions", endless, headers=key, timeout=1.5)
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{base}/health").json()["slots_processing"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert httpx.get(f"{base}/health").json()["slots_processing"] == 0, "the left request still runs"
+        quick = post(base, "/v1/completions", {"prompt": "The river ran", "max_tokens": 4}, headers=key)
+        assert quick.status_code == 200
+        metrics = server_metrics(base, headers=key)
+        counted = {k.split('"')[1]: v for k, v in metrics.items() if k.startswith("farctx_requests_total")}
+        assert counted == {"200": 1, "400": 2, "401": 1, "499": 1}, counted
+        assert metrics["process_resident_memory_bytes"] > 10 * 2**20
+        assert metrics["farctx_heap_in_use_bytes"] > 2**20 and metrics["farctx_heap_arena_bytes"] > 2**20
+
+
+def test_deterministic_answers_alone_and_beside_others_with_flash_attention(tiny_model, tmp_path):
+    """--deterministic: batch-invariant kernels (the logits' proof is tests/test_depth.py); the greedy answers of
+    every kind of request are the same alone and four at once, with flash attention on."""
+    port = free_port()
+    args = ["-m", str(tiny_model), "--method", "lminf", "--port", str(port), "-ub", "16", "-b", "64", "-np", "4",
+            "-c", "2048", "-fa", "on", "--deterministic", "-a", "tiny", "--log-level", "warning"]
+    with running_server(args, tmp_path / "server.log", f"http://127.0.0.1:{port}") as base:
+        meta = httpx.get(f"{base}/v1/models").json()["data"][0]["meta"]
+        assert meta["deterministic"] is True
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        alone = [ask(client, kind, prompt, farctx=farctx) for kind, prompt, farctx in JOBS]
+        together = concurrently([lambda j=j: ask(client, j[0], j[1], farctx=j[2]) for j in JOBS])
+        assert all(alone) and together == alone
+
+
 def test_one_slot_by_default_metrics_when_asked_and_sizes_checked_at_start(tiny_model, tmp_path):
     port = free_port()
     args = ["-m", str(tiny_model), "--port", str(port), "--api-key", "k", "--log-level", "warning"]
@@ -337,9 +381,6 @@ def test_one_slot_by_default_metrics_when_asked_and_sizes_checked_at_start(tiny_
                            text=True, timeout=120)
     assert small.returncode == 1 and "needs 326 KV cells per stream (300 cells / 2 streams)" in small.stderr, \
         small.stderr
-    gone = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--ctx-max", "512"],
-                          capture_output=True, text=True, timeout=120)
-    assert gone.returncode == 2 and "-c sets the KV cells of all slots" in gone.stderr
 
 
 def test_api_key_required(tiny_model, tmp_path):

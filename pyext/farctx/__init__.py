@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from . import _paths
@@ -41,36 +40,8 @@ def __getattr__(name: str) -> Any:
         from .engine import Llama
 
         return Llama
-    if name in ("METHODS", "MethodParams"):
+    if name in ("METHODS", "MethodParams", "method_support", "native_mesa_schedule"):
         from . import methods
 
         return getattr(methods, name)
     raise AttributeError(name)
-
-
-def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
-    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
-    from .engine import load_model_params_only
-
-    path = model.path if isinstance(model, ModelInfo) else model
-    with load_model_params_only(path) as (nat, c_model):
-        err = nat.ffi.new("char[]", 512)
-        result = {}
-        for code in range(nat.lib.farctx_method_count()):
-            name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
-            rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
-            result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
-    return result
-
-
-def native_mesa_schedule(n: int, **params: int) -> tuple[bool, int, int]:
-    """libfarctx's Mesa split of an n-token prompt: (chunked, chunk width C, middle chunks N)."""
-    from ._native import native
-    from .methods import MethodParams
-
-    nat = native()
-    c = MethodParams.from_kwargs("mesa", params).to_c(nat.ffi, nat.lib)
-    chunk, n_middle = nat.ffi.new("int64_t *"), nat.ffi.new("int64_t *")
-    chunked = nat.lib.farctx_mesa_schedule(c, n, chunk, n_middle)
-    return bool(chunked), int(chunk[0]), int(n_middle[0])

@@ -8,11 +8,15 @@ built from `farctx_method_get_info` / `farctx_param_get_info`, and cache sizes c
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, fields, make_dataclass, replace
 from functools import lru_cache
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import FarctxError
+
+if TYPE_CHECKING:
+    from .models import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,32 @@ def llama_stream_cache(model_path: Any, kwargs: dict[str, Any], n_prompt: int = 
     n_train = getattr(params, "n_ctx_train", 0) or n_train
     return stream_cache(params, n_train, ubatch_size(kwargs.get("n_batch"), kwargs.get("n_ubatch")),
                         n_ctx=int(kwargs.get("n_ctx") or 0), n_prompt=n_prompt, n_predict=n_predict, window=window)
+
+
+def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
+    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
+    from .engine import load_model_params_only
+    from .models import ModelInfo
+
+    path = model.path if isinstance(model, ModelInfo) else model
+    with load_model_params_only(path) as (nat, c_model):
+        err = nat.ffi.new("char[]", 512)
+        result = {}
+        for code in range(nat.lib.farctx_method_count()):
+            name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
+            rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
+            result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
+    return result
+
+
+def native_mesa_schedule(n: int, **params: int) -> tuple[bool, int, int]:
+    """libfarctx's Mesa split of an n-token prompt: (chunked, chunk width C, middle chunks N)."""
+    nat = _native()
+    c = _method_params_class().from_kwargs("mesa", params).to_c(nat.ffi, nat.lib)
+    chunk, n_middle = nat.ffi.new("int64_t *"), nat.ffi.new("int64_t *")
+    chunked = nat.lib.farctx_mesa_schedule(c, n, chunk, n_middle)
+    return bool(chunked), int(chunk[0]), int(n_middle[0])
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -61,12 +61,21 @@ def create_app(server: Server, api_keys: frozenset[str] = frozenset()) -> FastAP
         return JSONResponse(error_body(status, message, kind), status_code=status, headers=headers)
 
     if api_keys:
-        @app.middleware("http")
-        async def require_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
-            if request.url.path != "/health" and not _authorized(request.headers.get("authorization"), api_keys):
-                return refuse(request, 401, "invalid or missing API key (Authorization: Bearer KEY)",
-                              "authentication_error")
-            return await call_next(request)
+        # plain ASGI, not @app.middleware("http"): Starlette's BaseHTTPMiddleware hides a client's disconnect
+        # from the endpoint (request.is_disconnected), which cancels a request whose client left
+        def require_key(app: Any) -> Any:  # Starlette calls a middleware factory with the inner app
+            async def checked(scope: Any, receive: Any, send: Any) -> None:
+                if scope["type"] == "http" and scope["path"] != "/health":
+                    request = Request(scope)
+                    if not _authorized(request.headers.get("authorization"), api_keys):
+                        response = refuse(request, 401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                          "authentication_error")
+                        await response(scope, receive, send)
+                        return
+                await app(scope, receive, send)
+            return checked
+
+        app.add_middleware(require_key)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -39,14 +39,11 @@ from ..methods import MethodParams, split_method_kwargs, stream_cache, ubatch_si
 from ..models import context_and_window, resolve_model_path
 from ..progress import Progress
 from ..stream import check_params, open_tokenizer
+from .job import Cancelled, Job
 from .requests import NOT_LLAMA_KWARGS, ChatCompletionRequest, CompletionRequest, error_body
 from .sampling import RowSampler
 from .scheduler import Request, RequestTimeout, Scheduler
 from .view import Pieces, RequestView
-
-
-class Cancelled(Exception):
-    """The request's client went away, or its time ran out."""
 
 
 def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
@@ -63,30 +60,6 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     print("farctx: request failed:", file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
     return 500, error_body(500, f"{type(exc).__name__}: {exc}", "server_error")
-
-
-@dataclass
-class Job:
-    """One request's work, run in a thread; events go to the event loop's queue."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: "asyncio.Queue[tuple[str, Any]]" = field(default_factory=asyncio.Queue)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    deadline: Optional[float] = None  # time.monotonic() past which the request is cancelled (--timeout)
-    timed_out: bool = False
-
-    def expired(self) -> bool:
-        """Past the deadline: the request is cancelled (and answered with a timeout error)."""
-        if self.deadline is not None and time.monotonic() > self.deadline and not self.timed_out:
-            self.timed_out = True
-            self.cancel.set()
-        return self.timed_out
-
-    def emit(self, kind: str, value: Any = None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
-        except RuntimeError:  # the loop is gone (server shutting down)
-            self.cancel.set()
 
 
 @dataclass
@@ -149,13 +122,15 @@ class Server:
             "n_parallel": self.n_parallel,
             "path": self.path,
             "override": self.allow_override,
+            "deterministic": self.batch.deterministic,
         }
 
     def describe(self) -> str:
         slots = f"{self.n_parallel} slots" if self.n_parallel > 1 else "1 slot"
         fitted = ("; n_local not set: the window fitted into each slot's cells" if self.batch.stats(0)["window_fitted"]
                   else "")
-        return f"{self.batch.method(0).describe()}, {slots} of {self.batch.n_ctx_seq} cells{fitted}"
+        det = ", batch-invariant kernels" if self.batch.deterministic else ""
+        return f"{self.batch.method(0).describe()}, {slots} of {self.batch.n_ctx_seq} cells{det}{fitted}"
 
     def next_seed(self) -> int:
         with self._status_lock:
@@ -212,7 +187,8 @@ class Server:
         method = self.resolve(override)
         state: dict[str, Any] = {"model": kwargs["model"]}
         progress = self._progress(job, state, bool(body.stream and body.return_progress), chat)
-        view = RequestView(self, job, method, progress)
+        view = RequestView(self.front, self.pieces, job, method, progress, seed=self.next_seed(),
+                           n_vocab=self.batch.n_vocab, run=self.generate)
         state["llm"] = view
         prepare_request_resources(body, lambda _model: view, None, kwargs)  # type: ignore[arg-type]
         result = (view.create_chat_completion if chat else view.create_completion)(**kwargs)
@@ -290,11 +266,11 @@ class Server:
         self.scheduler.submit(request)
         try:
             while True:
+                if job.cancel.is_set() or job.expired():  # the client left, or the request ran past --timeout
+                    raise Cancelled()
                 try:
                     kind, value = request.events.get(timeout=0.1)
                 except queue.Empty:
-                    if job.cancel.is_set() or job.expired():
-                        raise Cancelled() from None
                     continue
                 if kind == "token":
                     stream.append(value)

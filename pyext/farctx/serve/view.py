@@ -3,7 +3,7 @@ tokenizing, chat templates, stop strings, UTF-8 boundaries, chunk and response s
 
 Attributes come from the server's vocabulary-only llama_cpp.Llama (the tokenizer and the chat template); seed,
 max_tokens and generation are the request's own, and `generate` hands the prompt tokens and the request's sampler
-chain to the server's scheduler. llama_cpp's code stops reading (a stop string, max_tokens) by closing the
+chain to `run` (the server's scheduler). It is given everything it uses when it is made. llama_cpp's code stops reading (a stop string, max_tokens) by closing the
 generator: that cancels the request's slot.
 """
 
@@ -18,22 +18,27 @@ from ..grammar import check_grammar
 from .sampling import RowSampler
 
 if TYPE_CHECKING:
-    from .server import Job, Server
+    from .job import Job
+    from .scheduler import Request
 
-
+# the server's generation: (the request's view, prompt tokens, its sampler, llama_cpp's stopping criteria) -> tokens
+Run = Callable[["RequestView", list[int], RowSampler, Any], Iterator[int]]
 
 
 class RequestView:
     """llama_cpp.Llama as llama-cpp-python's completion code sees it, for one request: attributes come
     from the shared vocabulary-only front; seed, max_tokens and generation are the request's own."""
 
-    def __init__(self, server: "Server", job: "Job", method: dict[str, Any],
-                 progress: Callable[[int, int], None]) -> None:
-        self._server = server
+    def __init__(self, front: Any, pieces: "Pieces", job: "Job", method: dict[str, Any],
+                 progress: Callable[[int, int], None], *, seed: int, n_vocab: int, run: Run) -> None:
+        self._front = front  # the vocabulary-only llama_cpp.Llama
+        self._pieces = pieces
+        self._n_vocab = n_vocab
+        self._run = run
         self.job = job
         self.method = method  # this request's method and parameters
         self.progress = progress
-        self._seed = server.next_seed()
+        self._seed = seed
         self._n_ctx = 2**31 - 1  # llama_cpp bounds prompts by this: the scheduler checks them instead
         self.max_tokens: Optional[int] = None
         self.last_prompt_tokens = 0
@@ -44,7 +49,7 @@ class RequestView:
         self._scores = np.zeros((1, 1), dtype=np.single)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._server.front, name)
+        return getattr(self._front, name)
 
     def set_seed(self, seed: int) -> None:
         self._seed = seed
@@ -52,7 +57,7 @@ class RequestView:
     def detokenize(self, tokens: list[int], prev_tokens: Optional[list[int]] = None, special: bool = False) -> bytes:
         """llama_cpp.Llama.detokenize's bytes, from the server's cache of token pieces: llama_cpp's streaming
         code detokenizes the whole answer again at every token, one ctypes call per token."""
-        return self._server.pieces.detokenize(tokens, special)
+        return self._pieces.detokenize(tokens, special)
 
     def create_completion(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
         self.max_tokens = kwargs.get("max_tokens", args[1] if len(args) > 1 else 16)
@@ -84,14 +89,13 @@ class RequestView:
                  penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
                  grammar: Any = None) -> Iterator[int]:
         """The tokens the scheduler samples for `tokens` under this request's sampler chain (llama_cpp's)."""
-        check_grammar(self._server.front._model.vocab, grammar)
+        check_grammar(self._front._model.vocab, grammar)
         chain = self._llama_cpp().Llama._init_sampler(
             self, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
             penalize_nl=penalize_nl, logits_processor=logits_processor, grammar=grammar)
-        return self._server.generate(self, list(tokens), RowSampler(chain, self._server.batch.n_vocab),
-                                     stopping_criteria)
+        return self._run(self, list(tokens), RowSampler(chain, self._n_vocab), stopping_criteria)
 
     @staticmethod
     def _llama_cpp() -> Any:
