@@ -20,6 +20,8 @@ enum farctx_param_index {
     FARCTX_PARAM_GEN_BUDGET,
     FARCTX_PARAM_GROUP,
     FARCTX_PARAM_NEIGHBOR,
+    FARCTX_PARAM_CHUNK_SIZE,
+    FARCTX_PARAM_LOCAL_WINDOW,
     FARCTX_PARAM_COUNT
 };
 
@@ -81,6 +83,7 @@ extern const struct farctx_method_ops farctx_rerope_ops;
 extern const struct farctx_method_ops farctx_streaming_ops;
 extern const struct farctx_method_ops farctx_selfextend_ops;
 extern const struct farctx_method_ops farctx_mesa_ops;
+extern const struct farctx_method_ops farctx_dca_ops;
 
 struct farctx_session {
     struct llama_context * ctx;

@@ -34,6 +34,9 @@ static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
     [FARCTX_METHOD_SELFEXTEND] = {
         { "selfextend", "SelfExtend: a neighbour window, grouped distances beyond it",
           false, false, -1, NEEDS_ROPE }, &farctx_selfextend_ops },
+    [FARCTX_METHOD_DCA] = {
+        { "dca", "Dual Chunk Attention: chunks, every key at a distance of at most chunk_size",
+          false, false, -1, NEEDS_ROPE }, &farctx_dca_ops },
 };
 
 #define P(field, help, def, min, methods) \
@@ -54,6 +57,10 @@ static const struct farctx_param_info k_params[FARCTX_PARAM_COUNT] = {
     [FARCTX_PARAM_GROUP]        = P(group,        "group size Gs (0: ceil((n_ctx - W) / (n_ctx_train - W)))", 0, 0,
                                     M(SELFEXTEND)),
     [FARCTX_PARAM_NEIGHBOR]     = P(neighbor,     "neighbour window W (0: n_ctx_train / 2)", 0, 0, M(SELFEXTEND)),
+    [FARCTX_PARAM_CHUNK_SIZE]   = P(chunk_size,   "chunk size: the largest distance (0: 3 x n_ctx_train / 4)", 0, 0,
+                                    M(DCA)),
+    [FARCTX_PARAM_LOCAL_WINDOW] = P(local_window, "local window: chunks are chunk_size - local_window tokens "
+                                    "(0: n_ctx_train / 8)", 0, 0, M(DCA)),
 };
 
 const struct farctx_method_def * farctx_method_def(int32_t method) {

@@ -22,6 +22,12 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
     if (p->neighbor <= 0) {
         p->neighbor = p->n_ctx_train / 2;
     }
+    if (p->chunk_size <= 0) {  /* ChunkLlama's replace_with_chunkllama */
+        p->chunk_size = p->n_ctx_train * 3 / 4;
+    }
+    if (p->local_window <= 0) {
+        p->local_window = p->n_ctx_train / 8;
+    }
 }
 
 int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,

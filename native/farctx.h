@@ -37,7 +37,8 @@ enum farctx_method {
     FARCTX_METHOD_STREAMING   = 5,
     FARCTX_METHOD_MESA        = 6,
     FARCTX_METHOD_SELFEXTEND  = 7,
-    FARCTX_METHOD_COUNT       = 8
+    FARCTX_METHOD_DCA         = 8,
+    FARCTX_METHOD_COUNT       = 9
 };
 
 /* return codes */
@@ -67,6 +68,8 @@ struct farctx_params {
     int32_t gen_budget;
     int32_t group;
     int32_t neighbor;
+    int32_t chunk_size;
+    int32_t local_window;
 };
 
 FARCTX_API struct farctx_params farctx_default_params(void);

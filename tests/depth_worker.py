@@ -34,6 +34,7 @@ PARAMS: dict[str, dict[str, int]] = {
     "streaming": {"n_local": 28, "n_sink": 4},
     "mesa": {"first_chunk": 4, "stair_width": 2, "last_context": 8, "gen_budget": 2},
     "selfextend": {"group": 4, "neighbor": 8},
+    "dca": {"chunk_size": 24, "local_window": 4},
 }
 
 

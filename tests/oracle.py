@@ -419,6 +419,20 @@ def method_rule(method: str, n: int, n_local: int, n_global: int = 0, n_sink: in
     return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))
 
 
+def rule_for(method: str, n: int, params: dict[str, int], n_ctx_train: int, n_prompt: int = 0) -> AttentionRule | None:
+    """The rule of any method under its parameters (resolved: n_local given where the method reads it) for a stream
+    of n tokens whose prompt is the first n_prompt (mesa); None for vanilla (the model's own causal mask)."""
+    if method == "vanilla":
+        return None
+    if method == "mesa":
+        return mesa_rule(n, n_prompt, n_ctx_train, **params)
+    if method == "selfextend":
+        return selfextend_rule(n, params["group"], params["neighbor"])
+    if method == "dca":
+        return dca_rule(n, params["chunk_size"], params["local_window"])
+    return method_rule(method, n, params["n_local"], params.get("n_global", 0), params.get("n_sink", 0))
+
+
 def mesa_schedule(n: int, n_ctx_train: int, first_chunk: int = 100, last_context: int = 512,
                   gen_budget: int = 50) -> tuple[bool, int, int]:
     """docs/methods.md 1.2, the authors' split rule: (chunked, C, N)."""
@@ -463,6 +477,20 @@ def mesa_rule(n: int, n_prompt: int, n_ctx_train: int, first_chunk: int, stair_w
             relpos[i] = i - stair_pos(j, s, E)
             lam[i] = max(1.0, np.log(i + 1) / np.log(L))
     return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=lam)
+
+
+def dca_rule(n: int, chunk_size: int, local_window: int) -> AttentionRule:
+    """Dual Chunk Attention (docs/methods.md, 1.4): chunks of s = chunk_size - local_window; a key at j mod s; the
+    query at i mod s (same chunk), min(i mod s + s, chunk_size) (previous chunk), min(2s - 1, chunk_size) (earlier)."""
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    s = chunk_size - local_window
+    ci, cj = i // s, j // s
+    q_succ = np.minimum(i % s + s, chunk_size)
+    q_inter = min(2 * s - 1, chunk_size)
+    relpos = np.where(cj == ci, i - j, np.where(cj == ci - 1, q_succ - j % s, q_inter - j % s))
+    allowed = j <= i
+    return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))
 
 
 def selfextend_rule(n: int, group: int, neighbor: int) -> AttentionRule:

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import F16, F32, Q8_0, engine_logits, kv_id, random_tokens, tolerance
-from oracle import OracleModel, mesa_rule, method_rule, selfextend_rule
+from oracle import OracleModel, rule_for
 from tiny_gguf import NARROW6, write_tiny_gguf
 
-METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend"]
+METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend", "dca"]
 # flash attention off and on, F16 and Q8_0 caches (a quantized V needs flash attention)
 DEPTH_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, F16, False), (Q8_0, Q8_0, True)]
 WORKER = Path(__file__).with_name("depth_worker.py")
@@ -81,24 +81,17 @@ L_TR = 32
 N_TOKENS, N_PREFILL = 130, 90
 MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
 SELFEXTEND = dict(group=4, neighbor=8)
+DCA = dict(chunk_size=24, local_window=4)  # chunks of 20: the previous chunk's query clamped from position 25
 NARROW_KV = [(F32, F32, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
 
 def method_kwargs(method: str) -> dict[str, int]:
-    return {"mesa": MESA, "selfextend": SELFEXTEND, "vanilla": {}, "streaming": {"n_local": 28, "n_sink": 4}}.get(
-        method, {"n_local": 32, "n_global": 10})
+    return {"mesa": MESA, "selfextend": SELFEXTEND, "dca": DCA, "vanilla": {},
+            "streaming": {"n_local": 28, "n_sink": 4}}.get(method, {"n_local": 32, "n_global": 10})
 
 
 def reference_rule(method: str, n: int, n_prompt: int):
-    if method == "vanilla":
-        return None
-    if method == "mesa":
-        return mesa_rule(n, n_prompt, L_TR, **MESA)
-    if method == "selfextend":
-        return selfextend_rule(n, **SELFEXTEND)
-    if method == "streaming":
-        return method_rule(method, n, 28, n_sink=4)
-    return method_rule(method, n, 32, 10)
+    return rule_for(method, n, method_kwargs(method), L_TR, n_prompt)
 
 
 @pytest.fixture(scope="module")

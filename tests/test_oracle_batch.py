@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import F16, F32, Q8_0, gpu_layers, kv_id, random_tokens, tolerance
-from oracle import method_rule, mesa_rule, selfextend_rule
+from oracle import method_rule, rule_for
 
 import farctx
 from farctx.batch import SequenceBatch
@@ -17,6 +17,7 @@ L_TR = 32
 N_LOCAL, N_GLOBAL, N_SINK = 32, 10, 4
 MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
 SELFEXTEND = dict(group=4, neighbor=8)
+DCA = dict(chunk_size=12, local_window=4)
 N_DECODE = 12
 
 # groups of four streams: mixed methods, and pairs of one method; each stream: (method, prompt length, step it
@@ -30,6 +31,7 @@ GROUPS = {
     "mesa2-selfextend2": [("mesa", 100, 0), ("mesa", 70, 1), ("selfextend", 96, 0), ("selfextend", 64, 3)],
     "window2-lambda2": [("window", 80, 0), ("window", 60, 2), ("lambda-only", 60, 0), ("lambda-only", 75, 1)],
     "rerope2-vanilla2": [("rerope", 75, 0), ("rerope", 50, 2), ("vanilla", 40, 0), ("vanilla", 64, 3)],
+    "dca2-selfextend-lminf": [("dca", 90, 0), ("dca", 60, 2), ("selfextend", 96, 1), ("lminf", 80, 0)],
 }
 KV = [(F32, F32, False), (F16, F16, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
@@ -39,6 +41,8 @@ def method_kwargs(method: str) -> dict[str, int]:
         return {**MESA}
     if method == "selfextend":
         return {**SELFEXTEND}
+    if method == "dca":
+        return {**DCA}
     if method == "streaming":
         return {"n_local": N_LOCAL - N_SINK, "n_sink": N_SINK}
     if method == "vanilla":
@@ -47,16 +51,7 @@ def method_kwargs(method: str) -> dict[str, int]:
 
 
 def oracle_logits(oracle, method: str, tokens: list[int], n_prompt: int) -> np.ndarray:
-    n = len(tokens)
-    if method == "vanilla":
-        return oracle.logits(tokens)
-    if method == "mesa":
-        return oracle.logits(tokens, mesa_rule(n, n_prompt, L_TR, **MESA))
-    if method == "selfextend":
-        return oracle.logits(tokens, selfextend_rule(n, **SELFEXTEND))
-    if method == "streaming":
-        return oracle.logits(tokens, method_rule(method, n, N_LOCAL - N_SINK, n_sink=N_SINK))
-    return oracle.logits(tokens, method_rule(method, n, N_LOCAL, N_GLOBAL))
+    return oracle.logits(tokens, rule_for(method, len(tokens), method_kwargs(method), L_TR, n_prompt))
 
 
 def run_together(model, streams, kv, n_ubatch: int = 16, piece: int = 24):

@@ -23,7 +23,8 @@ from typing import Callable
 import numpy as np
 import pytest
 from helpers import KV_CONFIGS, Tolerance, engine_logits, kv_id, random_tokens, tolerance
-from oracle import AttentionRule, OracleModel, mesa_rule, mesa_schedule, method_rule, selfextend_rule, vanilla_rule
+from oracle import (AttentionRule, OracleModel, dca_rule, mesa_rule, mesa_schedule, method_rule, selfextend_rule,
+                    vanilla_rule)
 from test_oracle_mesa import MESA, N_DECODE, decode_tolerance
 from tiny_gguf import FAMILIES, FAMILIES_ISWA, family_config, write_tiny_gguf
 
@@ -36,6 +37,7 @@ L_TR = 32        # every tiny family's n_ctx_train: the methods' defaults derive
 N_GLOBAL = 10    # lminf's default n_global
 N_SINK = 4       # streaming's default n_sink (its window is then L_TR - N_SINK)
 SELFEXTEND = dict(group=4, neighbor=8)
+DCA = dict(chunk_size=12, local_window=4)  # chunks of 8: prompts of many chunks, the previous chunk's query clamped
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ CASES: dict[str, MethodCase] = {
     "streaming": MethodCase("streaming", 160, 100, lambda n: method_rule("streaming", n, L_TR - N_SINK, n_sink=N_SINK)),
     "mesa": MethodCase("mesa", MESA_PROMPT + N_DECODE, MESA_PROMPT, _mesa_rule, dict(MESA)),
     "selfextend": MethodCase("selfextend", 128, 96, lambda n: selfextend_rule(n, **SELFEXTEND), dict(SELFEXTEND)),
+    "dca": MethodCase("dca", 128, 96, lambda n: dca_rule(n, **DCA), dict(DCA)),
 }
 METHODS = list(CASES)
 

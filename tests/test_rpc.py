@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 from helpers import F16, F32, engine_logits, kv_id, random_tokens, tolerance
-from oracle import mesa_rule, selfextend_rule
 from helpers import run_cli
+from oracle import rule_for
+from test_oracle_dca import DCA
 from test_oracle_mesa import L_TR, MESA, SELFEXTEND
 from test_oracle_methods import rule as methods_rule
 
@@ -37,6 +38,7 @@ CASES = {
     "rerope": (160, 100, 11, {}),
     "mesa": (130, 100, 100, MESA),
     "selfextend": (128, 96, 21, SELFEXTEND),
+    "dca": (128, 96, 25, DCA),
 }
 # layer 0 on the first server, layer 1 and the output on the second (llama.cpp's -ts: n_layer + 1 slots)
 TENSOR_SPLIT = [1.0, 2.0]
@@ -154,14 +156,8 @@ class References(dict):
     def __missing__(self, method: str):
         n, n_prefill, seed, params = CASES[method]
         tokens = random_tokens(n, seed=seed)
-        if method == "vanilla":
-            rule = None
-        elif method == "mesa":
-            rule = mesa_rule(n, n_prefill, L_TR, **params)
-        elif method == "selfextend":
-            rule = selfextend_rule(n, **params)
-        else:
-            rule = methods_rule(method, n)
+        # the window family at the local suite's settings (test_oracle_methods.rule), the others by their parameters
+        rule = rule_for(method, n, params, L_TR, n_prefill) if params or method == "vanilla" else methods_rule(method, n)
         self[method] = tokens, self.oracle.logits(tokens, rule)
         return self[method]
 

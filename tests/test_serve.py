@@ -59,6 +59,7 @@ JOBS = [
     ("chat-stream", "Hello there", {"method": "window", "n_local": 16}),
     ("completion", MID, MESA),  # a whole-stream method in its slot
     ("completion-stream", "Once upon a time", {"method": "vanilla"}),
+    ("chat", "Summarise: " + MID, {"method": "dca", "chunk_size": 12, "local_window": 4}),  # several chunks
 ]
 
 

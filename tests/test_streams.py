@@ -50,6 +50,7 @@ def test_cli_streams_a_long_prompt_file(tmp_path, tiny_model):
 @pytest.mark.parametrize("method, extra", [
     ("mesa", ["--first-chunk", "4", "--stair-width", "2", "--last-context", "8", "--gen-budget", "2"]),
     ("selfextend", []),
+    ("dca", []),
     ("rerope", []),
 ])
 def test_cli_sizes_the_cache_for_whole_stream_methods(tmp_path, tiny_model, method, extra):

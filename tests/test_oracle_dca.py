@@ -1,0 +1,93 @@
+"""Dual Chunk Attention through the patched attention graph equals the numpy oracle (docs/methods.md, 1.4):
+prompts of several chunks, then generated tokens, prefill in ubatches of 1, 7 and 64, F32/F16/Q8_0 caches, flash
+attention off and on; with the previous chunk's query clamped, and with the earlier chunks' query at 2s - 1 where
+that binds. A rule with any one of its three query positions changed is far from what the engine computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from oracle import AttentionRule, dca_rule
+
+import farctx
+
+L_TR = 32  # the tiny model's trained context
+# s = 8, 2s - 1 = 15 > chunk_size: the earlier chunks' query at chunk_size (the defaults' case)
+DCA = dict(chunk_size=12, local_window=4)
+# s = 5, 2s - 1 = 9 < chunk_size: the earlier chunks' query at 2s - 1
+DCA_BINDING = dict(chunk_size=12, local_window=7)
+N_TOKENS, N_PREFILL = 120, 90
+
+
+def test_design_test_vectors():
+    """docs/methods.md 1.4."""
+    def row(n: int, **params: int) -> list[int]:
+        return dca_rule(n + 1, **params).relpos[n].tolist()
+
+    assert row(9, chunk_size=6, local_window=2) == [6, 5, 4, 3, 5, 4, 3, 2, 1, 0]
+    assert row(13, chunk_size=6, local_window=2) == [6, 5, 4, 3, 6, 5, 4, 3, 5, 4, 3, 2, 1, 0]
+    assert row(13, chunk_size=10, local_window=6) == [7, 6, 5, 4, 7, 6, 5, 4, 5, 4, 3, 2, 1, 0]
+
+
+@pytest.fixture(scope="module", params=[DCA, DCA_BINDING], ids=["clamped", "inter-2s-1"])
+def dca_ref(request, oracle):
+    tokens = random_tokens(N_TOKENS, seed=23)
+    return request.param, tokens, oracle.logits(tokens, dca_rule(len(tokens), **request.param))
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 7, 64])
+@pytest.mark.parametrize("kv", KV_CONFIGS, ids=kv_id)
+def test_dca_matches_oracle(tiny_model, dca_ref, kv, n_ubatch):
+    params, tokens, ref = dca_ref
+    type_k, type_v, fa = kv
+    got = engine_logits(tiny_model, tokens, N_PREFILL, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                        flash_attn=fa, method="dca", n_ctx=256, **params)
+    tolerance(type_k, type_v, fa).check(got, ref, f"dca {params} {kv_id(kv)} ubatch {n_ubatch}")
+
+
+def _broken(n: int, chunk_size: int, local_window: int, part: str) -> AttentionRule:
+    """dca_rule with one of its three query positions moved by one."""
+    rule = dca_rule(n, chunk_size, local_window)
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    s = chunk_size - local_window
+    part_of = np.where(j // s == i // s, 0, np.where(j // s == i // s - 1, 1, 2))
+    which = {"same": 0, "previous": 1, "earlier": 2}[part]
+    moved = np.where(rule.allowed & (part_of == which), rule.relpos + 1, rule.relpos)
+    return AttentionRule(allowed=rule.allowed, relpos=moved, lam=rule.lam)
+
+
+@pytest.mark.parametrize("part", ["same", "previous", "earlier"])
+def test_each_of_the_three_positions_is_checked(tiny_model, oracle, part):
+    """The comparison above can fail: moving any one part's query by one position puts the oracle far outside the
+    tolerance from the engine's logits."""
+    tokens = random_tokens(N_TOKENS, seed=23)
+    got = engine_logits(tiny_model, tokens, N_PREFILL, n_ubatch=7, method="dca", n_ctx=256, **DCA)
+    ref = oracle.logits(tokens, dca_rule(len(tokens), **DCA))
+    broken = oracle.logits(tokens, _broken(len(tokens), **DCA, part=part))
+    scale = np.abs(ref).max()
+    assert np.abs(got - ref).max() < 1e-4 * scale
+    assert np.abs(got - broken).max() > 100 * np.abs(got - ref).max(), part
+
+
+def test_defaults_and_checks(tiny_model):
+    llm = farctx.Llama(str(tiny_model), method="dca", n_ctx=256)
+    try:  # ChunkLlama's replace_with_chunkllama: 3/4 and 1/8 of the trained context
+        assert llm.method_params.chunk_size == 24 and llm.method_params.local_window == 4
+    finally:
+        llm.close()
+    for bad in (dict(chunk_size=12, local_window=12), dict(chunk_size=40, local_window=4)):
+        with pytest.raises(farctx.FarctxError, match="dca needs local_window < chunk_size <= n_ctx_train"):
+            farctx.Llama(str(tiny_model), method="dca", n_ctx=256, **bad)
+
+
+def test_vanilla_up_to_chunk_size(tiny_model, oracle):
+    """Up to position chunk_size (and below 2s) every key is at its true distance: the stock graph runs."""
+    tokens = random_tokens(13, seed=24)  # up to position 12 = chunk_size (s = 8: ubatches of 4 end where chunks do)
+    got = engine_logits(tiny_model, tokens, 13, n_ubatch=4, method="dca", n_ctx=256, **DCA)
+    vanilla = engine_logits(tiny_model, tokens, 13, n_ubatch=4, n_ctx=256)
+    assert np.array_equal(got, vanilla)
+    past = random_tokens(14, seed=24)  # position 13: the previous chunk's query clamped
+    assert not np.array_equal(engine_logits(tiny_model, past, 14, n_ubatch=4, method="dca", n_ctx=256, **DCA)[13],
+                              engine_logits(tiny_model, past, 14, n_ubatch=4, n_ctx=256)[13])
