@@ -399,8 +399,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     tally = Tally()
     t0 = time.monotonic()
     end = t0 + 60 * args.minutes
-    rss: list[tuple[float, float]] = [(0.0, rss_mb(proc.pid))]
-    rss_by_request: list[tuple[float, int, float]] = []  # (seconds, requests answered, MB)
+    rss: list[tuple[float, int, float]] = [(0.0, 0, rss_mb(proc.pid))]  # (seconds, requests answered, MB)
     stop = threading.Event()
 
     def client(k: int) -> None:
@@ -416,8 +415,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 now, mb = time.monotonic() - t0, rss_mb(proc.pid)
             except OSError:
                 return
-            rss.append((now, mb))
-            rss_by_request.append((now, tally.n_requests, mb))
+            rss.append((now, tally.n_requests, mb))
 
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(args.clients)]
     watcher = threading.Thread(target=sampler, daemon=True)
@@ -465,8 +463,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # warm-up: the first half of the load, at most 2 minutes (slots fill, each method's graphs are built once)
     warm_start = min(120.0, load_seconds / 2)
     warm = [x for x in rss if x[0] >= warm_start]
-    slope = slope_mb_per_min(warm)
-    per_request = kb_per_request([x for x in rss_by_request if x[0] >= warm_start])
+    slope = slope_mb_per_min([(t, mb) for t, _, mb in warm])
+    per_request = kb_per_request(warm)
     n_5xx = sum(n for status, n in tally.statuses.items() if status.startswith("5"))
     summary = {
         "minutes": args.minutes, "load_seconds": round(load_seconds, 1), "parallel": args.parallel,
@@ -478,10 +476,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         "deterministic": args.deterministic,
         "greedy_requests_compared": n_compared, "greedy_mismatches": mismatches,
         "statuses_sent": sent, "statuses_counted_by_server": counted, "metrics_agree": metrics_agree,
-        "rss_mb_first": rss[0][1] if rss else None, "rss_mb_last": rss[-1][1] if rss else None,
+        "rss_mb_first": rss[0][2], "rss_mb_last": rss[-1][2],
         "rss_slope_mb_per_min_after_warmup": round(slope, 3),
         "rss_kb_per_request_after_warmup": round(per_request, 3),
-        "rss_samples": [(round(t, 1), q, round(r, 1)) for t, q, r in rss_by_request],
+        "rss_samples": [(round(t, 1), q, round(r, 1)) for t, q, r in rss],
         "rounds": len(round_rss), "rounds_seconds": round(rounds_seconds, 1),
         "rounds_rss_kb_per_request": round(growth, 2),
         "rounds_rss": [(q, round(r, 1)) for q, r in round_rss],
