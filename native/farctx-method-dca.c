@@ -3,109 +3,170 @@
  *
  * Chunks of s = chunk_size - local_window tokens from position 0. A query i reads key j <= i at relpos
  *   same chunk:       i - j
- *   previous chunk:   min(i mod s + s, chunk_size) - j mod s
- *   earlier chunks:   min(2s - 1, chunk_size) - j mod s
- * The stock cache holds every key at its true position; two key segments over the same cells carry the rule:
- *   main segment:     query and keys at their true positions (relpos i - j): the same chunk, and the previous
- *                     chunk while i mod s + s <= chunk_size (min() then takes its first term, which is i - j)
- *   second segment:   the query at chunk_size; a key of the previous chunk at j mod s (relpos chunk_size -
- *                     j mod s, where the clamp binds), a key of an earlier chunk at j mod s + chunk_size - c2
- *                     (relpos c2 - j mod s, c2 = min(2s - 1, chunk_size))
- * Which chunk a key is to the query decides its second-segment position, so a llama_decode never crosses a chunk
- * boundary (segment_end): the queries of a ubatch share their chunk.
+ *   previous chunk:   min(i mod s + s, chunk_size) - j mod s   (i - j while i mod s <= local_window)
+ *   earlier chunks:   c2 - j mod s, c2 = min(2s - 1, chunk_size)
+ * The graph reads two key segments over the same cells and rotates no key, only the query:
+ *   main segment:     the query at i: its own chunk, and the previous one while its distance is i - j
+ *   second segment:   the query at chunk_size: the earlier chunks, and the previous one once it is clamped
+ * The cache keeps every key where the segment that reads it needs it (rotated in place, its position kept):
+ *   own chunk, and the previous one while unclamped:   j (as written)
+ *   previous chunk, clamped:                          j mod s
+ *   earlier chunks:                                   j mod s + chunk_size - c2 (j mod s with the defaults)
+ * That layout follows the phase of the query (its chunk, and whether the previous chunk is clamped). A llama_decode
+ * never crosses a phase boundary (segment_end), and the cache is rotated when the phase changes (before_decode):
+ * twice per chunk while the stream grows, so every key is rotated at most twice.
  */
 #include "farctx-impl.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
-static int32_t stride(const struct farctx_params * p) {
+/* the layout the cache holds, and the scratch of a rotation (per session: no module-level state) */
+struct farctx_dca {
+    int64_t   rot_phase;          /* the phase whose layout the cached keys hold */
+    int32_t   n_cache_rotations;  /* times the cached keys were rotated in place */
+    int32_t * k_step;             /* scratch: the rotation to apply per position */
+};
+
+static struct farctx_dca * dca_of(const struct farctx_session * s) {
+    return (struct farctx_dca *) s->state;
+}
+
+static int64_t stride(const struct farctx_params * p) {
     return p->chunk_size - p->local_window;
 }
 
 /* the query position of the earlier chunks */
-static int32_t inter_q(const struct farctx_params * p) {
-    const int32_t s = stride(p);
+static int64_t inter_q(const struct farctx_params * p) {
+    const int64_t s = stride(p);
     return 2 * s - 1 < p->chunk_size ? 2 * s - 1 : p->chunk_size;
 }
 
-/* the previous chunk at true distances: min(i mod s + s, chunk_size) takes its first term */
-static bool succ_unclamped(const struct farctx_params * p, int32_t i) {
-    return i % stride(p) + stride(p) <= p->chunk_size;
+/* 2 x chunk, + 1 once the previous chunk's query is clamped (i mod s + s > chunk_size; the first chunk has none) */
+static int64_t phase_of(const struct farctx_params * p, int64_t i) {
+    const int64_t ci = i / stride(p);
+    return 2 * ci + (ci > 0 && i % stride(p) > p->local_window);
 }
 
-static bool main_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
-    if (j < 0 || j > i) {
-        return false;
+/* where the layout of a phase keeps key j, relative to its true position */
+static int64_t key_offset(const struct farctx_params * p, int64_t phase, int64_t j) {
+    const int64_t s = stride(p), ci = phase / 2, cj = j / s;
+    if (cj >= ci || (cj == ci - 1 && phase % 2 == 0)) {
+        return 0;
     }
-    const int32_t ci = i / stride(p), cj = j / stride(p);
-    return cj == ci || (cj == ci - 1 && succ_unclamped(p, i));
+    return -cj * s + (cj == ci - 1 ? 0 : p->chunk_size - inter_q(p));
 }
 
-static bool seg2_allowed(const struct farctx_params * p, int32_t i, int32_t j) {
-    if (j < 0 || j > i) {
-        return false;
-    }
-    const int32_t ci = i / stride(p), cj = j / stride(p);
-    return cj < ci - 1 || (cj == ci - 1 && !succ_unclamped(p, i));
-}
-
-/* key j's second-segment delta under queries of chunk ci (queried at chunk_size) */
-static int32_t seg2_k_delta(const struct farctx_params * p, int32_t ci, int32_t j) {
-    const int32_t s = stride(p), cj = j / s;
-    if (j < 0 || cj >= ci) {
-        return 0;  /* masked: the same chunk is the main segment's, later keys no query of the ubatch reads */
-    }
-    return j % s - j + (cj == ci - 1 ? 0 : p->chunk_size - inter_q(p));
+/* the first position the main segment reads in a phase: earlier positions are the second segment's */
+static int64_t main_first(const struct farctx_params * p, int64_t phase) {
+    const int64_t first = (phase / 2 - (phase % 2 == 0)) * stride(p);
+    return first > 0 ? first : 0;
 }
 
 static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
-    const int32_t ci = ub->q_pos[0] / stride(p);
+    const int64_t phase = phase_of(p, ub->q_pos[0]);
+    if (phase != dca_of(s)->rot_phase || ub->n_seg2 != ub->n_kv || ub->seg2_k_delta != NULL) {
+        s->fill_error = true;
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the cache or the attention settings do not match the query "
+                            "at %d: feed the stream through farctx", ub->q_pos[0]);
+        return 1;
+    }
+    const int64_t lo = main_first(p, phase);
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
-        const int32_t i = ub->q_pos[t];
-        if (i / stride(p) != ci) {
+        const int64_t i = ub->q_pos[t];
+        if (phase_of(p, i) != phase) {
             s->fill_error = true;
-            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span chunks %d and %d "
-                                "(positions %d and %d): feed the stream through farctx", ci, i / stride(p),
-                                ub->q_pos[0], i);
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span two phases (positions %d "
+                                "and %lld): feed the stream through farctx", ub->q_pos[0], (long long) i);
             return 1;
         }
-        float * row = ub->mask + (size_t) t * ub->n_kv;
-        for (int32_t c = 0; c < ub->n_kv; ++c) {
-            row[c] = main_allowed(p, i, ub->kv_pos[c]) ? 0.0f : -INFINITY;
-        }
+        float * row  = ub->mask      + (size_t) t * ub->n_kv;
         float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
-        for (int32_t c = 0; c < ub->n_seg2; ++c) {
-            row2[c] = seg2_allowed(p, i, ub->seg2_pos[c]) ? 0.0f : -INFINITY;
+        for (int32_t c = 0; c < ub->n_kv; ++c) {
+            const int64_t j = ub->kv_pos[c];
+            row[c]  = (j >= lo && j <= i)           ? 0.0f : -INFINITY;
+            row2[c] = (j >= 0  && j < lo && j <= i) ? 0.0f : -INFINITY;
         }
-        ub->seg2_q_delta[t] = p->chunk_size - i;
-    }
-    for (int32_t c = 0; c < ub->n_seg2; ++c) {
-        ub->seg2_k_delta[c] = seg2_k_delta(p, ci, ub->seg2_pos[c]);
+        ub->seg2_q_delta[t] = (int32_t) (p->chunk_size - i);
     }
     return 0;
 }
 
+/* before a llama_decode at pos: the cached keys [0, pos) to the layout of pos's phase (the K-shift at the start of
+ * the llama_decode applies it). The batch's own keys are in its chunk: written where every layout keeps them */
+static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
+    (void) n_tokens;
+    const struct farctx_params * p = &s->params;
+    struct farctx_dca * d = dca_of(s);
+    const int64_t phase = phase_of(p, pos);
+    if (phase == d->rot_phase) {
+        return FARCTX_OK;
+    }
+    int64_t p0 = -1, p1 = -1;
+    for (int64_t j = 0; j < pos; ++j) {
+        d->k_step[j] = (int32_t) (key_offset(p, phase, j) - key_offset(p, d->rot_phase, j));
+        if (d->k_step[j] != 0) {
+            p0 = p0 < 0 ? j : p0;
+            p1 = j + 1;
+        }
+    }
+    if (p0 >= 0) {
+        if (!llama_memory_seq_rotate_k(llama_get_memory(s->ctx), s->seq, (llama_pos) p0, (llama_pos) p1,
+                                       d->k_step + p0)) {
+            return farctx_session_fail(s, FARCTX_ERR_DECODE, "dca: llama.cpp cannot rotate the cached keys in place");
+        }
+        d->n_cache_rotations++;
+    }
+    d->rot_phase = phase;
+    return FARCTX_OK;
+}
+
+static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
+    struct farctx_dca * d = calloc(1, sizeof(*d));
+    int32_t * k_step = calloc(llama_n_ctx_seq(s->ctx), sizeof(int32_t));
+    if (d == NULL || k_step == NULL) {
+        free(d);
+        free(k_step);
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
+    }
+    d->k_step = k_step;
+    s->state  = d;
+    return FARCTX_OK;
+}
+
+static void release(struct farctx_session * s) {
+    struct farctx_dca * d = dca_of(s);
+    if (d != NULL) {
+        free(d->k_step);
+        free(d);
+        s->state = NULL;
+    }
+}
+
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
     *out = llama_attn_extrap_default_params();
-    out->mode      = LLAMA_ATTN_EXTRAP_CUSTOM;
-    out->n_seg2    = -1;  /* every cell, at its chunk position */
-    out->fill      = fill;
-    out->user_data = (void *) s;
+    out->mode             = LLAMA_ATTN_EXTRAP_CUSTOM;
+    out->n_seg2           = -1;     /* every cell */
+    out->use_seg2_k_delta = false;  /* the keys sit where their segment reads them (rotate_cache) */
+    out->fill             = fill;
+    out->user_data        = (void *) s;
 }
 
 /* queries before the first clamped previous chunk and before the first earlier chunk read every key at its true
- * distance */
+ * distance, the cache in its written layout */
 static int64_t plain_below(const struct farctx_session * s) {
-    const int64_t clamped = (int64_t) s->params.chunk_size + 1, inter = 2 * (int64_t) stride(&s->params);
+    const int64_t clamped = (int64_t) s->params.chunk_size + 1, inter = 2 * stride(&s->params);
     return clamped < inter ? clamped : inter;
 }
 
 static int64_t segment_end(const struct farctx_session * s, int64_t pos) {
-    const int64_t c = stride(&s->params);
-    return (pos / c + 1) * c;
+    const struct farctx_params * p = &s->params;
+    const int64_t c = stride(p), start = (pos / c) * c, clamp = start + p->local_window + 1;
+    return start > 0 && pos < clamp && clamp < start + c ? clamp : start + c;
 }
 
 static int32_t validate(const struct farctx_params * p, char * err, size_t err_size) {
@@ -117,9 +178,50 @@ static int32_t validate(const struct farctx_params * p, char * err, size_t err_s
     return FARCTX_OK;
 }
 
+static void stats(const struct farctx_session * s, struct farctx_stats * st) {
+    st->n_cache_rotations = dca_of(s)->n_cache_rotations;
+}
+
+/* what farctx_session_state_get keeps: the layout of the saved keys */
+struct dca_saved {
+    int64_t rot_phase;
+    int32_t n_cache_rotations, pad;
+};
+
+static size_t state_write(const struct farctx_session * s, uint8_t * dst) {
+    if (dst != NULL) {
+        struct dca_saved v;
+        memset(&v, 0, sizeof(v));
+        v.rot_phase = dca_of(s)->rot_phase;
+        v.n_cache_rotations = dca_of(s)->n_cache_rotations;
+        memcpy(dst, &v, sizeof(v));
+    }
+    return sizeof(struct dca_saved);
+}
+
+static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t n) {
+    if (n != sizeof(struct dca_saved)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a dca stream state (%zu bytes)", n);
+    }
+    struct dca_saved v;
+    memcpy(&v, src, sizeof(v));
+    if (v.rot_phase < 0) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a dca stream state (phase %lld)", (long long) v.rot_phase);
+    }
+    dca_of(s)->rot_phase = v.rot_phase;
+    dca_of(s)->n_cache_rotations = v.n_cache_rotations;
+    return FARCTX_OK;
+}
+
 const struct farctx_method_ops farctx_dca_ops = {
-    .validate    = validate,
-    .setup       = setup,
-    .plain_below = plain_below,
-    .segment_end = segment_end,
+    .validate      = validate,
+    .init          = init,
+    .free          = release,
+    .setup         = setup,
+    .plain_below   = plain_below,
+    .segment_end   = segment_end,
+    .before_decode = rotate_cache,
+    .stats         = stats,
+    .state_write   = state_write,
+    .state_read    = state_read,
 };

@@ -41,7 +41,7 @@ class Params(ctypes.Structure):
     _fields_ = [
         ("mode", ctypes.c_int32), ("n_seg2", ctypes.c_int32), ("kv_first", ctypes.c_int32),
         ("use_q_delta", ctypes.c_bool), ("use_k_delta", ctypes.c_bool), ("use_q_scale", ctypes.c_bool),
-        ("fill", FILL), ("user_data", ctypes.c_void_p),
+        ("use_seg2_k_delta", ctypes.c_bool), ("fill", FILL), ("user_data", ctypes.c_void_p),
     ]
 
 
@@ -280,6 +280,46 @@ def test_kv_first_changes_between_ubatches(tiny_model, flash_attn):
                 assert np.abs(got - ref).max() <= 5e-3 * np.abs(ref).max()
             else:
                 np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["faoff", "faon"])
+def test_second_segment_read_as_cached(tiny_model, flash_attn):
+    """use_seg2_k_delta off (dca keeps its keys in place and rotates only the query): the callback gets no
+    seg2_k_delta, the second segment reads the cached keys as they are, and the logits are stock's (vanilla split
+    at kv_first; tolerances as test_kv_first_changes_between_ubatches). The buffers reserved for the graph with the
+    rotated copy hold the graph without it: no second reservation."""
+    fa = dict(flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    tokens = random_tokens(40, seed=64)
+    cuts = [(0, 16, 0), (16, 24, 16), (24, 25, 8), (25, 40, 24)]
+    stock = []
+    with raw_context(tiny_model, **fa) as (model, ctx):
+        for a, b, _ in cuts:
+            assert decode(ctx, tokens[a:b], a) == 0
+            stock.append(last_logits(model, ctx))
+    seen: list[bool] = []
+
+    class Seen(Fill):
+        def _fill(self, user_data: object, ub_p: object) -> int:
+            seen.append(bool(ub_p.contents.seg2_k_delta))
+            return super()._fill(user_data, ub_p)
+
+    fill = Seen()
+    with raw_context(tiny_model, **fa) as (model, ctx), reserve_count() as reserves:
+        for n, ((a, b, k), ref) in enumerate(zip(cuts, stock)):
+            fill.seg2_cells = k
+            params = fill.params(n_seg2=32, kv_first=k, use_seg2_k_delta=n < 2)
+            assert set_attn_extrap(ctx, params) == OK
+            if n == 2:
+                before = reserves()
+            assert decode(ctx, tokens[a:b], a) == 0
+            got = last_logits(model, ctx)
+            if flash_attn:
+                assert np.abs(got - ref).max() <= 5e-3 * np.abs(ref).max()
+            else:
+                np.testing.assert_allclose(got, ref, atol=1e-4)
+        assert reserves() == before
+    assert seen[:1] == [True] and seen[-1] is False
 
 
 def test_failed_fill_aborts_decode(tiny_model):

@@ -128,10 +128,11 @@ def test_prompt_cache_hit_matches_a_fresh_run(tiny_model: Path, tmp_path: Path, 
     assert np.abs(np.array(logprobs) - np.array(fresh_logprobs)).max() <= 1e-4, (logprobs, fresh_logprobs)
 
 
-@pytest.mark.parametrize("method", ["vanilla", "lminf", "mesa"])
+@pytest.mark.parametrize("method", ["vanilla", "lminf", "mesa", "dca"])
 def test_prefix_reuse_matches_a_fresh_run(tiny_model: Path, method: str) -> None:
     """create_completion after another completion: the shared prefix is kept where that equals a fresh run (a
-    stream read past n_local rewinds by replaying it); Mesa reads a prompt of another chunk plan from its start."""
+    stream read past n_local rewinds by replaying it); Mesa reads a prompt of another chunk plan from its start;
+    dca's cache goes back to the layout of the phase it rewinds to."""
     tokens = random_tokens(N_PROMPT + 30, seed=74)
     kv = {"type_k": "f32", "type_v": "f32"}
     llm = make(tiny_model, method, **kv)

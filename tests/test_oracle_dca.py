@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from helpers import F32, KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
 from oracle import AttentionRule, dca_rule
 
 import farctx
@@ -91,3 +91,32 @@ def test_vanilla_up_to_chunk_size(tiny_model, oracle):
     past = random_tokens(14, seed=24)  # position 13: the previous chunk's query clamped
     assert not np.array_equal(engine_logits(tiny_model, past, 14, n_ubatch=4, method="dca", n_ctx=256, **DCA)[13],
                               engine_logits(tiny_model, past, 14, n_ubatch=4, n_ctx=256)[13])
+
+
+@pytest.mark.parametrize("params", [DCA, DCA_BINDING], ids=["clamped", "inter-2s-1"])
+def test_keys_rotated_in_place_per_phase_and_back_on_rewind(tiny_model, oracle, params):
+    """The cached keys sit where the segment that reads them needs them: rotated in place when the previous
+    chunk's query becomes clamped, or (where 2s - 1 binds) when a chunk becomes an earlier one: at most twice per
+    chunk, not per token or per ubatch. A rewind into an earlier phase puts them back, and the stream read on
+    from there equals the oracle."""
+    tokens = random_tokens(N_TOKENS, seed=23)
+    ref = oracle.logits(tokens, dca_rule(len(tokens), **params))
+    s = params["chunk_size"] - params["local_window"]
+    n_chunks = (N_TOKENS - 1) // s + 1
+    llm = farctx.Llama(str(tiny_model), method="dca", n_ctx=256, n_batch=7, n_ubatch=7, logits_all=True,
+                       type_k=F32, type_v=F32, **params)
+    try:
+        llm.eval(tokens[:N_PREFILL])
+        for token in tokens[N_PREFILL:]:
+            llm.eval([token])
+        rotations = llm.stats()["n_cache_rotations"]
+        assert n_chunks - 3 <= rotations <= 2 * n_chunks, rotations
+        tolerance(F32, F32, False).check(np.array(llm.scores[:N_TOKENS], dtype=np.float64), ref, "dca streamed")
+        for keep in (3 * s + 1, 2 * s - 1, s + 2):  # into an earlier chunk and phase each time
+            llm.n_tokens = keep
+            llm.eval(tokens[keep:])
+            got = np.array(llm.scores[:N_TOKENS], dtype=np.float64)
+            tolerance(F32, F32, False).check(got[keep:], ref[keep:], f"dca after a rewind to {keep}")
+        assert llm.stats()["n_cache_rotations"] > rotations
+    finally:
+        llm.close()
