@@ -44,13 +44,13 @@ def parse_methods(text: str) -> list[str]:
 
 def _make_llm(model: Optional[str], method: str, n_ctx_whole: int, base: dict[str, Any]) -> Any:
     import farctx
-    from farctx.methods import fixed_cache, llama_stream_cache
+    from farctx.methods import fixed_cache, llama_context_plan
     from farctx.progress import Progress
 
     kwargs = dict(base, method=method)
     if kwargs.get("n_ctx", 0) == 0 and not fixed_cache(method):
         # the whole stream in the cache (vanilla: even past n_ctx_train), sized by libfarctx
-        kwargs["n_ctx"] = llama_stream_cache(model, kwargs, n_ctx_whole)
+        kwargs["n_ctx"] = llama_context_plan(model, kwargs, n_ctx_whole).n_ctx
     llm = farctx.Llama(model, progress=Progress(f"{method}", min_total=2048), **kwargs)
     click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     return llm

@@ -102,7 +102,7 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     import farctx
     from farctx.progress import Progress
 
-    from farctx.methods import fixed_cache, llama_stream_cache
+    from farctx.methods import fixed_cache, llama_context_plan
 
     text = _read_prompt(prompt, file)
     if ood_report and opts.get("flash_attn") == "on":
@@ -115,7 +115,7 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
         kwargs["seed"] = seed
     if kwargs["n_ctx"] == 0 and not fixed_cache(kwargs["method"]):
         # the methods that keep the whole stream (vanilla too): the cache of the prompt plus the generation
-        kwargs["n_ctx"] = llama_stream_cache(model, kwargs, _count_tokens(model, text), n_predict)
+        kwargs["n_ctx"] = llama_context_plan(model, kwargs, _count_tokens(model, text), n_predict).n_ctx
     recorder = None
     if ood_report:
         from farctx.eval.ood_recorder import OodRecorder, sampled_layers, settings_for

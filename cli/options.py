@@ -46,12 +46,14 @@ def rpc_option() -> Decorator:
 def runtime_options() -> Decorator:
     """-c -b -ub -t -ngl -fa -ctk -ctv -ts --rpc: how llama.cpp runs the model."""
     return _stack(
-        click.option("-c", "--ctx-size", "n_ctx", type=int, default=0, show_default=True,
-                     help="KV cache size in tokens (0: the model's trained context)"),
-        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
-                     help="logical batch size"),
-        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,
-                     help="physical batch size"),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(0), default=0, show_default=True,
+                     help="KV cache size in tokens (0: what the method needs: head + n_local + n_ubatch for a "
+                          "fixed-cache method; the prompt and the generation, else 4 x the trained context, for "
+                          "the others)"),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(0), default=0, show_default=True,
+                     help="logical batch size (0: 512, at most the cache)"),
+        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(0), default=0, show_default=True,
+                     help="physical batch size (0: 512, or what a fixed-cache method's -c leaves room for)"),
         click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads"),
         click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "n_gpu_layers", default="0", show_default=True,
                      help="layers to offload to the GPU (a number or 'all')"),
@@ -110,6 +112,9 @@ def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
         "type_k": KV_TYPES[opts.pop("cache_type_k")],
         "type_v": KV_TYPES[opts.pop("cache_type_v")],
     }
+    for key in ("n_batch", "n_ubatch"):  # 0: unset, the context plan's default (farctx.methods.context_plan)
+        if not kwargs[key]:
+            del kwargs[key]
     split = opts.pop("tensor_split")
     if split:
         try:

@@ -114,14 +114,14 @@ class FarctxModel(llm.Model):
 
     def _engine(self, kwargs: dict[str, Any]) -> Any:
         """farctx.Llama for these options (the method, its parameters, n_ctx), loaded again when they change;
-        its cache sized as every farctx command sizes it (farctx.methods.stream_cache)."""
-        from farctx.methods import llama_stream_cache
+        its cache sized as every farctx command sizes it (farctx.methods.context_plan)."""
+        from farctx.methods import llama_context_plan
 
         if self._loaded != kwargs:
             if self._llm is not None:
                 self._llm.close()
                 self._llm, self._loaded = None, None
-            sized = {**kwargs, "n_ctx": kwargs.get("n_ctx") or llama_stream_cache(self.path, kwargs)}
+            sized = {**kwargs, "n_ctx": kwargs.get("n_ctx") or llama_context_plan(self.path, kwargs).n_ctx}
             self._llm = farctx.Llama(self.path, **sized)
             self._loaded = kwargs
         return self._llm

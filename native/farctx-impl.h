@@ -28,7 +28,7 @@ enum farctx_param_index {
 struct farctx_session;
 
 /*
- * A method as operations of the session driver (farctx-session.c), which names no method. NULL: the
+ * A method as operations of the session driver (farctx-session.c, farctx-feed.c), which names no method. NULL: the
  * default given with each operation. `rule`: the method's data for operations shared by a family.
  */
 struct farctx_method_ops {
@@ -102,6 +102,12 @@ struct farctx_session {
                                                 NONE, per batch): what its callback fills for */
     char    error[FARCTX_ERR_LEN];
 };
+
+/* whether the session's method keeps a fixed cache (evicts as the stream grows) */
+bool farctx_session_fixed_cache(const struct farctx_session * s);
+
+/* first position beyond the head tokens that a query at next_pos still reads (0: every key) */
+int64_t farctx_session_first_needed(const struct farctx_session * s, int64_t next_pos);
 
 /* write a formatted one-line message into buf (buf may be NULL); returns code */
 int32_t farctx_fail(char * buf, size_t size, int32_t code, const char * fmt, ...)

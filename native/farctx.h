@@ -162,6 +162,48 @@ enum { FARCTX_FIT_LOCAL_MIN = 64 };
 FARCTX_API int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
                                       int64_t n_prompt, int64_t n_predict);
 
+/* the batch sizes a plan takes when the caller sets none (llama-cpp-python's), and the cache of a whole-stream method
+ * when neither the cache nor the stream's length is given: this many times the trained context */
+enum { FARCTX_N_BATCH_DEFAULT = 512, FARCTX_N_UBATCH_DEFAULT = 512, FARCTX_WHOLE_STREAM_DEFAULT = 4 };
+
+/* what a context plan is asked for: the model's facts and the caller's sizes (0: unset) */
+struct farctx_plan_params {
+    int32_t n_ctx_train;   /* the model's trained context (params->n_ctx_train, if set, wins)             */
+    int32_t n_swa;         /* the model's sliding window; 0: no sliding-window layers                     */
+    int32_t n_ctx;         /* cells of all streams together (llama.cpp's -c); 0: what the method needs    */
+    int32_t n_batch;       /* 0: FARCTX_N_BATCH_DEFAULT                                                   */
+    int32_t n_ubatch;      /* 0: the default, or what a fixed cache of the caller's size leaves room for  */
+    int32_t n_seq;         /* streams, one KV stream each                                                 */
+    int64_t n_prompt;      /* the stream's length when known (n_ctx 0, whole-stream methods)             */
+    int64_t n_predict;
+};
+
+/* what a context under a method holds */
+struct farctx_plan {
+    int32_t n_ctx;         /* cells to make the context with (all streams: llama_context_params.n_ctx)    */
+    int32_t n_ctx_seq;     /* cells per stream, as llama.cpp makes them of n_ctx (rounded up to 256)      */
+    int32_t n_batch;       /* in force: at most the cells (llama.cpp's clamp)                             */
+    int32_t n_ubatch;      /* in force: at most n_batch, fitted to a fixed cache when unset              */
+    int32_t n_local;       /* fixed-cache methods: the window in force; 0 for the others                  */
+    bool    window_fitted; /* n_local was unset and is the room the cache leaves                          */
+};
+
+FARCTX_API struct farctx_plan_params farctx_plan_default_params(void);
+
+/*
+ * The context a stream of `params` needs (or runs in, for a given n_ctx): the one decider of its cells, its batch
+ * sizes and its window. A fixed-cache method takes head + n_local + n_ubatch cells when n_ctx is 0; in a cache of
+ * the caller's size its ubatch (when unset) and its window (when n_local is unset) are fitted to the room. A
+ * whole-stream method takes n_ctx, else the stream's length, else n_ctx_train (stock graph) or
+ * FARCTX_WHOLE_STREAM_DEFAULT x n_ctx_train. Returns FARCTX_OK, or FARCTX_ERR_PARAM with every size in err when
+ * the cache cannot hold the method.
+ */
+FARCTX_API int32_t farctx_context_plan(
+        const struct farctx_params      * params,
+        const struct farctx_plan_params * in,
+        struct farctx_plan              * out,
+        char * err, size_t err_size);
+
 /*
  * Check params against a model (NULL: the parameters alone). Returns FARCTX_OK or an error
  * code, with a one-line message in err (err_size bytes, may be NULL).
@@ -248,9 +290,10 @@ struct farctx_stats {
     int32_t n_decode;          /* llama_decode calls so far                              */
     int64_t kv_bytes;          /* size of the KV cache buffers (every sequence's)        */
     int32_t n_stair_moves;     /* mesa: times the stair boundary moved during generation */
-    int32_t n_cache_rotations; /* mesa: times the cached keys were rotated in place (to
-                                  the stair in the last chunk or the first generated token,
-                                  at each stair move, back after a rewind) */
+    int32_t n_cache_rotations; /* mesa, dca: times the cached keys were rotated in place
+                                  (mesa: to the stair in the last chunk or the first generated
+                                  token, at each stair move, back after a rewind; dca: when the
+                                  query's phase changes, at most twice per chunk) */
     int32_t n_local;           /* fixed-cache methods: the window in force (0 for the others) */
     bool    window_fitted;     /* n_local was left 0 and the KV cache cannot hold its default: the window is
                                   the room the cache leaves (cells - head - n_ubatch) */

@@ -231,10 +231,15 @@ def test_n_ctx_is_a_memory_budget(default_model: Path, capfd: pytest.CaptureFixt
 
 
 def test_n_ctx_budget_below_the_minimum_is_refused(default_model: Path) -> None:
-    with pytest.raises(farctx.FarctxError, match="too few for lminf: n_global \\+ n_local \\+ n_ubatch = 10 \\+ 64 \\(the smallest window"):
+    """The context plan's refusal names every size: the least an unset window is fitted down to, or the n_local
+    given; the ubatch the caller set is kept."""
+    with pytest.raises(farctx.FarctxError, match="lminf needs 330 KV cells: n_global \\+ n_local \\+ n_ubatch = "
+                       "10 \\+ 64 \\(the smallest window fitted to a cache; the default is 8192\\) \\+ 256; the KV "
+                       "cache holds 256"):
         farctx.Llama(str(default_model), method="lminf", n_ctx=256, n_ubatch=256)
-    with pytest.raises(farctx.FarctxError, match="lminf needs n_global \\+ n_local \\+ n_ubatch = 10 \\+ 8192 \\+ 512 = 8714"):
-        farctx.Llama(str(default_model), method="lminf", n_ctx=4096, n_local=8192)
+    with pytest.raises(farctx.FarctxError, match="lminf needs 8714 KV cells: n_global \\+ n_local \\+ n_ubatch = "
+                       "10 \\+ 8192 \\+ 512; the KV cache holds 4096"):
+        farctx.Llama(str(default_model), method="lminf", n_ctx=4096, n_local=8192, n_ubatch=512)
 
 
 def test_embeddings(default_model: Path) -> None:

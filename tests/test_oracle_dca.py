@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import F32, KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from helpers import F16, F32, KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
 from oracle import AttentionRule, dca_rule
 
 import farctx
@@ -120,3 +120,14 @@ def test_keys_rotated_in_place_per_phase_and_back_on_rewind(tiny_model, oracle, 
         assert llm.stats()["n_cache_rotations"] > rotations
     finally:
         llm.close()
+
+
+def test_decode_over_more_than_512_cells(tiny_model, oracle):
+    """Generated tokens over more than 512 cells take the CPU's split-KV flash attention: each of the two calls
+    over every cell has a long masked run at one end (the main segment reads the last chunks, the second segment
+    the rest), and each thread's share starts and ends at unmasked cells (patch 0005). Equal to the oracle."""
+    tokens = random_tokens(600, seed=29)
+    got = engine_logits(tiny_model, tokens, 560, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
+                        method="dca", n_ctx=1024, **DCA)
+    ref = oracle.logits(tokens, dca_rule(len(tokens), **DCA))
+    tolerance(F16, F16, True).check(got[540:], ref[540:], "dca decode over 600 cells")

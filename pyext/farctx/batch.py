@@ -17,7 +17,7 @@ import numpy as np
 from . import rpc
 from .errors import FarctxError
 from .kv_types import check_kv_types, kv_type_id
-from .methods import MethodParams
+from .methods import MethodParams, default_batch_sizes
 from .models import check_gguf, resolve_model_path
 from .stream import LOG as _LOG
 from .stream import Stream, _N, feed_together
@@ -43,7 +43,9 @@ class SequenceBatch:
             raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         if n_seq < 1 or n_ctx_seq < 1:
             raise FarctxError(f"n_seq ({n_seq}) and n_ctx_seq ({n_ctx_seq}) must be at least 1")
-        n_batch, n_ubatch = int(kwargs.get("n_batch", 512)), int(kwargs.get("n_ubatch", 512))
+        default_batch, default_ubatch = default_batch_sizes()
+        n_batch = int(kwargs.get("n_batch") or default_batch)
+        n_ubatch = int(kwargs.get("n_ubatch") or default_ubatch)
         if n_ubatch < 1 or n_batch < n_seq:
             # llama.cpp keeps an output row per sequence in a buffer of n_batch rows (it aborts past it)
             raise FarctxError(f"n_batch ({n_batch}) must be at least n_seq ({n_seq}) and n_ubatch ({n_ubatch}) "

@@ -19,7 +19,7 @@ from . import rpc
 from .errors import EmptyPromptError, FarctxError
 from .grammar import check_grammar
 from .kv_types import check_kv_types, kv_type_id
-from .methods import MethodParams, budget_ubatch, stream_cache, ubatch_size
+from .methods import MethodParams, context_plan
 from .models import check_gguf, context_and_window, resolve_model_path
 from .stream import LOG as _LOG
 from .stream import ProgressFn, Stream, check_params, _N
@@ -101,19 +101,14 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
                               "sequence; embed with method='vanilla' (llama.cpp's own attention)")
         fixed_cache = self.method_params.info.fixed_cache and not vocab_only
         if fixed_cache:
+            # the method's cache (head + n_local + n_ubatch, not the length of the text) when n_ctx is unset; in a
+            # cache of the caller's size (a memory budget) the plan fits an unset ubatch, and an unset window, to it
             n_train, window = context_and_window(path)
-            n_train = self.method_params.n_ctx_train or n_train
-            n_ubatch = ubatch_size(kwargs.get("n_batch"), kwargs.get("n_ubatch"))
-            if not kwargs.get("n_ctx"):
-                # the cache these methods need, not the length of the text: head + n_local + n_ubatch
-                kwargs["n_ctx"] = stream_cache(self.method_params, n_train, n_ubatch, window=window)
-            elif "n_ubatch" not in kwargs:
-                # the caller's cache: a memory budget the window fits into when n_local is unset (libfarctx fits
-                # it, or refuses with the sizes); the ubatch leaves the window most of it
-                ubatch = budget_ubatch(self.method_params, n_train, int(kwargs["n_ctx"]), kwargs.get("n_batch"),
-                                       window)
-                if ubatch is not None:
-                    kwargs["n_ubatch"] = ubatch
+            plan = context_plan(self.method_params, self.method_params.n_ctx_train or n_train, n_swa=window,
+                                n_ctx=int(kwargs.get("n_ctx") or 0), n_batch=kwargs.get("n_batch"),
+                                n_ubatch=kwargs.get("n_ubatch"))
+            kwargs["n_ctx"] = kwargs.get("n_ctx") or plan.n_ctx
+            kwargs["n_ubatch"] = plan.n_ubatch
         kwargs.setdefault("verbose", False)
         # models with sliding-window layers: their cache holds the window (+ a ubatch), as llama-server's
         # default, not a copy of the whole context (llama.cpp's library default)

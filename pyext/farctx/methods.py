@@ -9,7 +9,7 @@ built from `farctx_method_get_info` / `farctx_param_get_info`, and cache sizes c
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields, make_dataclass, replace
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -182,89 +182,40 @@ def cache_cells(params: Any, n_ctx_train: int, n_ubatch: int, n_prompt: int = 0,
 # -- cache sizing: the one rule the CLI, eval, bench, server, chat and the llm plugin follow -------------------
 
 DEFAULT_GENERATION = 256  # cells kept for the answer when a request or a command sets no token limit
-WHOLE_STREAM_DEFAULT = 4  # a whole-stream method's cache without -c: 4 x n_ctx_train cells per stream
+def default_batch_sizes() -> tuple[int, int]:
+    """n_batch and n_ubatch when the caller sets none (libfarctx's FARCTX_N_BATCH_DEFAULT, FARCTX_N_UBATCH_DEFAULT)."""
+    lib = _native().lib
+    return int(lib.FARCTX_N_BATCH_DEFAULT), int(lib.FARCTX_N_UBATCH_DEFAULT)
 
 
-def ubatch_size(n_batch: Optional[int] = None, n_ubatch: Optional[int] = None) -> int:
-    """The physical batch llama.cpp uses: n_ubatch, at most n_batch (512 each by default)."""
-    return min(n_ubatch or 512, n_batch or 512)
+@dataclass(frozen=True)
+class ContextPlan:
+    """What a context under a method holds (libfarctx's struct farctx_plan)."""
+
+    n_ctx: int          # cells to make the context with (all streams)
+    n_ctx_seq: int      # cells per stream
+    n_batch: int        # in force
+    n_ubatch: int       # in force: fitted to a fixed cache of the caller's size when unset
+    n_local: int        # fixed-cache methods: the window in force (0 for the others)
+    window_fitted: bool  # n_local was unset and is the room the cache leaves
 
 
-def fit_local_min() -> int:
-    """The smallest window libfarctx fits into a cache given as a memory budget (FARCTX_FIT_LOCAL_MIN)."""
-    return int(_native().lib.FARCTX_FIT_LOCAL_MIN)
-
-
-def _cells_of(n_ctx: int, n_seq: int = 1) -> int:
-    """The cells per stream llama.cpp makes of n_ctx for n_seq streams (it rounds both up to 256)."""
-    def pad(n: int) -> int:
-        return (n + 255) // 256 * 256
-    return pad(pad(n_ctx) // max(1, n_seq)) if n_seq > 1 else pad(n_ctx)
-
-
-def fixed_minimum(params: Any, n_ctx_train: int, n_ubatch: int) -> int:
-    """The fewest cells a fixed-cache stream runs in: head + n_local + n_ubatch, where an unset n_local (0) may
-    shrink to the room of the cache down to fit_local_min() (libfarctx fits it; an n_local given is kept)."""
-    default = cache_cells(params, n_ctx_train, n_ubatch)
-    if params.n_local > 0:
-        return default
-    return min(default, cache_cells(replace(params, n_local=fit_local_min()), n_ctx_train, n_ubatch))
-
-
-def window_words(params: Any, n_ctx_train: int) -> str:
-    """The window a fixed-cache refusal names: the n_local given, or the smallest one libfarctx would fit."""
-    if params.n_local > 0:
-        return f"n_local {params.n_local}"
-    return f"n_local unset: a window of at least {min(fit_local_min(), n_ctx_train)}"
-
-
-def budget_ubatch(params: Any, n_ctx_train: int, n_ctx: int, n_batch: Optional[int], window: int = 0) -> Optional[int]:
-    """The ubatch of a fixed-cache stream in a cache of n_ctx cells when the caller set none (None: llama.cpp's).
-
-    With n_local set: the room head + n_local leave (at most the default ubatch). With n_local unset (the cache as a
-    memory budget): the default ubatch if the default window fits beside it, else a quarter of the cache, so that
-    most of it holds the window. Either way at most what a sliding window leaves (iSWA)."""
-    full = ubatch_size(n_batch)
-    cells = _cells_of(n_ctx)
-    room = cells - cache_cells(params, n_ctx_train, 0)
-    if params.n_local <= 0 and room < full:
-        room = max(1, cells // 4)
-    if window:
-        room = min(room, cells - window)
-    return room if 0 < room < full else None
-
-
-def stream_cache(params: Any, n_ctx_train: int, n_ubatch: int, *, n_ctx: int = 0, n_seq: int = 1,
-                 n_prompt: int = 0, n_predict: int = 0, window: int = 0) -> int:
-    """The KV cells of each of `n_seq` streams under `params`.
-
-    `n_ctx` > 0 is the cells of all streams together (llama.cpp's -c): each stream gets n_ctx / n_seq. A
-    fixed-cache method with n_local unset fits its window into that share (libfarctx: the cache as a memory budget)
-    and refuses a share below `fixed_minimum` (an n_local given: head + n_local + n_ubatch), with the sizes.
-    `n_ctx` 0: fixed-cache methods get that minimum (at least a sliding window + n_ubatch on a model with
-    sliding-window layers, as llama.cpp sizes those layers' cache); a stream of known length (n_prompt +
-    n_predict) what it needs under its method; otherwise the stock graph n_ctx_train and the whole-stream
-    methods WHOLE_STREAM_DEFAULT x n_ctx_train.
-    """
-    info = params.info
-    # a model with sliding-window layers: those layers' cache holds the window + a ubatch
-    swa = window + n_ubatch if info.fixed_cache and window else 0
-    if n_ctx > 0:
-        share = n_ctx // max(1, n_seq)
-        if info.fixed_cache:
-            need = max(fixed_minimum(params, n_ctx_train, n_ubatch), swa)
-            if _cells_of(n_ctx, n_seq) < need:
-                per = f" per stream ({n_ctx} cells / {n_seq} streams)" if n_seq > 1 else ""
-                shown = params if params.n_ctx_train else replace(params, n_ctx_train=n_ctx_train)
-                raise FarctxError(f"{shown.describe()} needs {need} KV cells{per}: head + n_local + n_ubatch "
-                                  f"({window_words(params, n_ctx_train)}, n_ubatch {n_ubatch}); -c {n_ctx} gives "
-                                  f"{share}")
-        return share
-    if info.fixed_cache:
-        return max(cache_cells(params, n_ctx_train, n_ubatch), swa)
-    if n_prompt or n_predict:
-        return cache_cells(params, n_ctx_train, n_ubatch, n_prompt, n_predict)
-    return n_ctx_train if info.stock_graph else WHOLE_STREAM_DEFAULT * n_ctx_train
+def context_plan(params: Any, n_ctx_train: int, *, n_swa: int = 0, n_ctx: int = 0, n_batch: Optional[int] = None,
+                 n_ubatch: Optional[int] = None, n_seq: int = 1, n_prompt: int = 0, n_predict: int = 0) -> ContextPlan:
+    """The context `params` needs, or runs in for a given n_ctx (cells of all streams, llama.cpp's -c): libfarctx's
+    farctx_context_plan, the one decider of the cells, the batch sizes in force and the window, which every
+    surface asks and farctx_session_init holds its context to. None or 0 leaves a size unset. Raises FarctxError
+    with every size when the cache cannot hold the method."""
+    n = _native()
+    c_in = n.ffi.new("struct farctx_plan_params *", n.lib.farctx_plan_default_params())
+    c_in.n_ctx_train, c_in.n_swa, c_in.n_ctx = n_ctx_train, n_swa or 0, n_ctx or 0
+    c_in.n_batch, c_in.n_ubatch, c_in.n_seq = n_batch or 0, n_ubatch or 0, max(1, n_seq)
+    c_in.n_prompt, c_in.n_predict = n_prompt or 0, n_predict or 0
+    out = n.ffi.new("struct farctx_plan *")
+    err = n.ffi.new("char[]", 512)
+    if n.lib.farctx_context_plan(params.to_c(n.ffi, n.lib), c_in, out, err, 512) != 0:
+        raise FarctxError(n.ffi.string(err).decode())
+    return ContextPlan(out.n_ctx, out.n_ctx_seq, out.n_batch, out.n_ubatch, out.n_local, bool(out.window_fitted))
 
 
 def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
@@ -275,16 +226,17 @@ def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
     return _method_params_class().from_kwargs(kwargs.get("method", "vanilla"), values)
 
 
-def llama_stream_cache(model_path: Any, kwargs: dict[str, Any], n_prompt: int = 0, n_predict: int = 0) -> int:
-    """stream_cache for farctx.Llama's keyword arguments (`n_ctx`, `n_batch`, `n_ubatch`, the method's) and a
-    model file: the cache of a stream of n_prompt + n_predict tokens (0 and 0: of unknown length)."""
+def llama_context_plan(model_path: Any, kwargs: dict[str, Any], n_prompt: int = 0, n_predict: int = 0,
+                       n_seq: int = 1) -> ContextPlan:
+    """context_plan for farctx.Llama's keyword arguments (`n_ctx`, `n_batch`, `n_ubatch`, the method's) and a model
+    file: the context of n_seq streams of n_prompt + n_predict tokens (0 and 0: of unknown length)."""
     from .models import context_and_window, resolve_model_path
 
     params = split_method_kwargs(kwargs)
     n_train, window = context_and_window(resolve_model_path(model_path))
-    n_train = getattr(params, "n_ctx_train", 0) or n_train
-    return stream_cache(params, n_train, ubatch_size(kwargs.get("n_batch"), kwargs.get("n_ubatch")),
-                        n_ctx=int(kwargs.get("n_ctx") or 0), n_prompt=n_prompt, n_predict=n_predict, window=window)
+    return context_plan(params, getattr(params, "n_ctx_train", 0) or n_train, n_swa=window,
+                        n_ctx=int(kwargs.get("n_ctx") or 0), n_batch=kwargs.get("n_batch"),
+                        n_ubatch=kwargs.get("n_ubatch"), n_seq=n_seq, n_prompt=n_prompt, n_predict=n_predict)
 
 
 def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:

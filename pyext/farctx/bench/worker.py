@@ -33,10 +33,10 @@ def open_farctx(model: str, method: str, length: int, n_gen: int, kwargs: dict):
     libfarctx's cache for it, fixed-cache methods size their own."""
     import farctx
 
-    from farctx.methods import fixed_cache, llama_stream_cache
+    from farctx.methods import fixed_cache, llama_context_plan
 
     if not fixed_cache(method):
-        kwargs = {**kwargs, "n_ctx": llama_stream_cache(model, {**kwargs, "method": method}, length, n_gen)}
+        kwargs = {**kwargs, "n_ctx": llama_context_plan(model, {**kwargs, "method": method}, length, n_gen).n_ctx}
     return farctx.Llama(model, method=method, **kwargs)
 
 

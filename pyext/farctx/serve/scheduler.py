@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from ..batch import SequenceBatch
 from ..errors import ContextSizeError, FarctxError, NoSpaceError
-from ..methods import DEFAULT_GENERATION, MethodParams, cache_cells, fixed_minimum, method_infos, window_words
+from ..methods import DEFAULT_GENERATION, MethodParams, cache_cells, context_plan, method_infos
 from .sampling import RowSampler
 
 MAX_GENERATION = 2**31 - 1
@@ -95,12 +95,13 @@ class Scheduler:
     """The thread that owns `batch` and serves `Request`s in its slots."""
 
     def __init__(self, batch: SequenceBatch, *, n_batch: int, n_ubatch: int, n_ctx_train: int,
-                 is_eog: Callable[[int], bool]) -> None:
+                 is_eog: Callable[[int], bool], n_swa: int = 0) -> None:
         self.batch = batch
         self.n_batch = n_batch
         self.n_ubatch = max(1, min(n_ubatch, n_batch))
         self.chunk = max(1, (n_batch // batch.n_seq) // self.n_ubatch) * self.n_ubatch
         self.n_ctx_train = n_ctx_train
+        self.n_swa = n_swa  # the model's sliding window (0: none): the plan's term for its layers' cache
         self.is_eog = is_eog
         self.counters = Counters()
         self._slots = [Slot() for _ in range(batch.n_seq)]
@@ -130,10 +131,13 @@ class Scheduler:
         n_ctx = self.batch.n_ctx_seq
         asked = max_tokens if max_tokens is not None and max_tokens > 0 else None
         if info.fixed_cache:
-            need = fixed_minimum(params, self.n_ctx_train, self.n_ubatch)  # an unset n_local fits the slot
-            if need > n_ctx:
-                raise FarctxError(f"{info.name} needs {need} cells per slot (head + n_local + n_ubatch, "
-                                  f"{window_words(params, self.n_ctx_train)}), the slots hold {n_ctx} (-c / -np)")
+            # the plan the slots were made with, asked for this method: FarctxError with every size if a slot
+            # cannot hold it (an unset n_local fits the slot)
+            try:
+                context_plan(params, self.n_ctx_train, n_swa=self.n_swa, n_ctx=n_ctx, n_batch=self.n_batch,
+                             n_ubatch=self.n_ubatch)
+            except FarctxError as exc:
+                raise FarctxError(f"{exc} (per slot: -c / -np)") from None
             return asked or MAX_GENERATION
         if info.stock_graph:
             if n_prompt >= n_ctx:

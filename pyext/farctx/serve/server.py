@@ -8,7 +8,7 @@ samples. Events go back to the event loop through the request's `_Job`. A client
 request (between tokens, or between prompt pieces); a timeout (`-to`) cancels it and answers 408.
 
 Sizes follow llama-server: `-c` is the cells of all slots together, each slot gets `c / np`; without `-c` a
-slot gets what the server's method needs (`farctx.methods.stream_cache`). A request that does not fit its slot
+slot gets what the server's method needs (`farctx.methods.context_plan`). A request that does not fit its slot
 is answered with llama.cpp's `exceed_context_size_error` and the sizes. A request may ask for another method
 (the `farctx` field): its slot's stream is opened again under it; nothing is reloaded.
 """
@@ -35,7 +35,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from ..batch import SequenceBatch
 from ..errors import ContextSizeError, EmptyPromptError, FarctxError
-from ..methods import MethodParams, split_method_kwargs, stream_cache, ubatch_size
+from ..methods import MethodParams, context_plan, split_method_kwargs
 from ..models import context_and_window, resolve_model_path
 from ..progress import Progress
 from ..stream import check_params, open_tokenizer
@@ -98,9 +98,12 @@ class Server:
         kwargs.setdefault("verbose", False)
         n_train, window = context_and_window(self.path)
         self.n_ctx_train = params.n_ctx_train or n_train
-        n_ubatch = ubatch_size(kwargs.get("n_batch"), kwargs.get("n_ubatch"))
-        n_ctx_seq = stream_cache(params, self.n_ctx_train, n_ubatch, n_ctx=n_ctx, n_seq=self.n_parallel,
-                                 window=window)
+        # the slots' cache and batch sizes: the plan every surface asks (an unset ubatch fitted to a slot that -c
+        # leaves smaller than the method's default need)
+        plan = context_plan(params, self.n_ctx_train, n_swa=window, n_ctx=n_ctx, n_batch=kwargs.get("n_batch"),
+                            n_ubatch=kwargs.get("n_ubatch"), n_seq=self.n_parallel)
+        kwargs["n_batch"], kwargs["n_ubatch"] = plan.n_batch, plan.n_ubatch
+        n_ctx_seq = plan.n_ctx_seq
         self.front = open_tokenizer(self.path)
         self.pieces = Pieces(self.front)
         self.batch = SequenceBatch(self.path, n_seq=self.n_parallel, n_ctx_seq=n_ctx_seq, **kwargs)
@@ -109,8 +112,8 @@ class Server:
             self.batch.open(seq, params.method, **options)
         vocab = self.front._model.vocab
         lc = _llama_cpp()
-        self.scheduler = Scheduler(self.batch, n_batch=int(kwargs.get("n_batch") or 512), n_ubatch=n_ubatch,
-                                   n_ctx_train=self.n_ctx_train,
+        self.scheduler = Scheduler(self.batch, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
+                                   n_ctx_train=self.n_ctx_train, n_swa=window,
                                    is_eog=lambda token: bool(lc.llama_vocab_is_eog(vocab, token)))
         self.scheduler.start()
         resolved = self.batch.method(0)  # defaults resolved by libfarctx against the model
