@@ -57,7 +57,7 @@ CASES = [
     (batch("streaming", 2, fa=True, n_ubatch=512, n_prompt=31, feeding=[0], n_local=1, n_sink=4), "ok"),
     # sizes that cannot work: the error names them
     (llama("lminf", n_ctx=256, fa=False, n_ubatch=16, n_local=300, n_global=64),
-     "lminf needs n_global + n_local + n_ubatch = 64 + 300 + 16 = 380"),
+     "lminf needs 380 KV cells: n_global + n_local + n_ubatch = 64 + 300 + 16; the KV cache holds 256"),
     (batch("lminf", 2, fa=False, n_ctx_seq=16, n_local=4, n_global=64), "n_global (64) must be smaller than n_local (4)"),
     (batch("mesa", 2, fa=True, first_chunk=16), "first_chunk (16) must be below half of n_ctx_train (32)"),
     (batch("vanilla", 2, fa=True, n_ctx_seq=64, n_prompt=700), "the stream needs 700 cells"),

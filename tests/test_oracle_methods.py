@@ -101,7 +101,8 @@ def test_fixed_cache_over_a_long_stream(tiny_model, method):
 
 
 def test_cache_too_small_is_refused(tiny_model):
-    with pytest.raises(farctx.FarctxError, match="needs n_global \\+ n_local \\+ n_ubatch"):
+    with pytest.raises(farctx.FarctxError, match="lminf needs 298 KV cells: n_global \\+ n_local \\+ n_ubatch = "
+                       "10 \\+ 32 \\+ 256; the KV cache holds 256"):
         farctx.Llama(str(tiny_model), method="lminf", n_ctx=256, n_ubatch=256, n_local=32)
 
 

@@ -44,8 +44,8 @@ class SequenceBatch:
         if n_seq < 1 or n_ctx_seq < 1:
             raise FarctxError(f"n_seq ({n_seq}) and n_ctx_seq ({n_ctx_seq}) must be at least 1")
         default_batch, default_ubatch = default_batch_sizes()
-        n_batch = int(kwargs.get("n_batch") or default_batch)
-        n_ubatch = int(kwargs.get("n_ubatch") or default_ubatch)
+        n_batch = int(kwargs.get("n_batch", default_batch))
+        n_ubatch = int(kwargs.get("n_ubatch", default_ubatch))
         if n_ubatch < 1 or n_batch < n_seq:
             # llama.cpp keeps an output row per sequence in a buffer of n_batch rows (it aborts past it)
             raise FarctxError(f"n_batch ({n_batch}) must be at least n_seq ({n_seq}) and n_ubatch ({n_ubatch}) "

@@ -108,7 +108,7 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
                                 n_ctx=int(kwargs.get("n_ctx") or 0), n_batch=kwargs.get("n_batch"),
                                 n_ubatch=kwargs.get("n_ubatch"))
             kwargs["n_ctx"] = kwargs.get("n_ctx") or plan.n_ctx
-            kwargs["n_ubatch"] = plan.n_ubatch
+            kwargs.setdefault("n_ubatch", plan.n_ubatch)  # one given, even 0, is llama.cpp's to accept or refuse
         kwargs.setdefault("verbose", False)
         # models with sliding-window layers: their cache holds the window (+ a ubatch), as llama-server's
         # default, not a copy of the whole context (llama.cpp's library default)
