@@ -11,32 +11,50 @@
 
 static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
     [FARCTX_METHOD_VANILLA] = {
-        { "vanilla", "full attention at true distances (stock llama.cpp)",
-          false, true, -1, FARCTX_MODEL_ANY }, &farctx_vanilla_ops },
+        .info = { .name = "vanilla", .help = "full attention at true distances (stock llama.cpp)",
+                  .fixed_cache = false, .stock_graph = true, .head_param = -1,
+                  .model_kinds = FARCTX_MODEL_ANY, .whole_prompt = false },
+        .ops  = &farctx_vanilla_ops },
     [FARCTX_METHOD_LMINF] = {
-        { "lminf", "LM-Infinite: global tokens + local window, distances bounded by n_local",
-          true, false, FARCTX_PARAM_N_GLOBAL, NEEDS_ROPE }, &farctx_lminf_ops },
+        .info = { .name = "lminf", .help = "LM-Infinite: global tokens + local window, distances bounded by n_local",
+                  .fixed_cache = true, .stock_graph = false, .head_param = FARCTX_PARAM_N_GLOBAL,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_lminf_ops },
     [FARCTX_METHOD_WINDOW] = {
-        { "window", "a sliding window of n_local tokens (ablation)",
-          true, false, -1, NEEDS_ROPE }, &farctx_window_ops },
+        .info = { .name = "window", .help = "a sliding window of n_local tokens (ablation)",
+                  .fixed_cache = true, .stock_graph = false, .head_param = -1,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_window_ops },
     [FARCTX_METHOD_LAMBDA_ONLY] = {
-        { "lambda-only", "global tokens + local window at true distances (ablation)",
-          true, false, FARCTX_PARAM_N_GLOBAL, NEEDS_ROPE }, &farctx_lambda_only_ops },
+        .info = { .name = "lambda-only", .help = "global tokens + local window at true distances (ablation)",
+                  .fixed_cache = true, .stock_graph = false, .head_param = FARCTX_PARAM_N_GLOBAL,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_lambda_only_ops },
     [FARCTX_METHOD_REROPE] = {
-        { "rerope", "every key, distances capped at n_local",
-          false, false, -1, NEEDS_ROPE }, &farctx_rerope_ops },
+        .info = { .name = "rerope", .help = "every key, distances capped at n_local",
+                  .fixed_cache = false, .stock_graph = false, .head_param = -1,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_rerope_ops },
     [FARCTX_METHOD_STREAMING] = {
-        { "streaming", "StreamingLLM: sink tokens + a window, positions inside the cache",
-          true, false, FARCTX_PARAM_N_SINK, NEEDS_ROPE }, &farctx_streaming_ops },
+        .info = { .name = "streaming", .help = "StreamingLLM: sink tokens + a window, positions inside the cache",
+                  .fixed_cache = true, .stock_graph = false, .head_param = FARCTX_PARAM_N_SINK,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_streaming_ops },
     [FARCTX_METHOD_MESA] = {
-        { "mesa", "Mesa-Extrapolation: a chunked prompt, stair positions, log-n query scale",
-          false, false, -1, NEEDS_ROPE, true }, &farctx_mesa_ops },
+        .info = { .name = "mesa", .help = "Mesa-Extrapolation: a chunked prompt, stair positions, log-n query scale",
+                  .fixed_cache = false, .stock_graph = false, .head_param = -1,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = true },
+        .ops  = &farctx_mesa_ops },
     [FARCTX_METHOD_SELFEXTEND] = {
-        { "selfextend", "SelfExtend: a neighbour window, grouped distances beyond it",
-          false, false, -1, NEEDS_ROPE }, &farctx_selfextend_ops },
+        .info = { .name = "selfextend", .help = "SelfExtend: a neighbour window, grouped distances beyond it",
+                  .fixed_cache = false, .stock_graph = false, .head_param = -1,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_selfextend_ops },
     [FARCTX_METHOD_DCA] = {
-        { "dca", "Dual Chunk Attention: chunks, every key at a distance of at most chunk_size",
-          false, false, -1, NEEDS_ROPE }, &farctx_dca_ops },
+        .info = { .name = "dca", .help = "Dual Chunk Attention: chunks, every key at a distance of at most chunk_size",
+                  .fixed_cache = false, .stock_graph = false, .head_param = -1,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_dca_ops },
 };
 
 #define P(field, help, def, min, methods) \

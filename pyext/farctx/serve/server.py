@@ -28,7 +28,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
-import numpy as np
 from fastapi.responses import JSONResponse
 from llama_cpp.server.app import prepare_request_resources
 from sse_starlette.sse import EventSourceResponse
@@ -265,7 +264,7 @@ class Server:
         """llama_cpp.Llama.generate's loop: a token that meets the stopping criteria ends it unseen."""
         job = view.job
         stream = list(request.prompt)
-        view._input_ids = np.asarray(stream, dtype=np.intc)
+        view.show_stream(stream)
         self.scheduler.submit(request)
         try:
             while True:
@@ -278,8 +277,7 @@ class Server:
                 if kind == "token":
                     stream.append(value)
                     if stopping_criteria is not None:
-                        view._input_ids = np.asarray(stream, dtype=np.intc)
-                        if stopping_criteria(view._input_ids, view._scores[-1, :]):
+                        if stopping_criteria(view.show_stream(stream), view.scores_row()):
                             return
                     yield value
                 elif kind == "end":

@@ -51,6 +51,16 @@ class RequestView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._front, name)
 
+    def show_stream(self, tokens: list[int]) -> np.ndarray:
+        """The request's stream so far, where llama_cpp's completion code reads it (`_input_ids`); returned for the
+        caller's own stopping criteria."""
+        self._input_ids = np.asarray(tokens, dtype=np.intc)
+        return self._input_ids
+
+    def scores_row(self) -> np.ndarray:
+        """The logits row llama_cpp's stopping criteria are given (the server keeps no logits: a placeholder)."""
+        return self._scores[-1, :]
+
     def set_seed(self, seed: int) -> None:
         self._seed = seed
 
