@@ -100,6 +100,7 @@ struct farctx_session {
     struct llama_attn_extrap_params custom;  /* the method's graph settings                          */
     struct llama_attn_extrap_params active;  /* the settings of the llama_decode this stream is in (custom,
                                                 NONE, per batch): what its callback fills for */
+    int32_t * k_step;              /* scratch of farctx_session_move_keys (one rotation per position), made on first use */
     char    error[FARCTX_ERR_LEN];
 };
 
@@ -108,6 +109,15 @@ bool farctx_session_fixed_cache(const struct farctx_session * s);
 
 /* first position beyond the head tokens that a query at next_pos still reads (0: every key) */
 int64_t farctx_session_first_needed(const struct farctx_session * s, int64_t next_pos);
+
+/* where a method's cache layout `layout` keeps key j, relative to its true position */
+typedef int64_t (*farctx_key_offset_fn)(const struct farctx_params * p, int64_t layout, int64_t j);
+
+/* moves the stream's cached keys [0, pos) from layout `from` to layout `to` in place, their positions kept
+ * (llama_memory_seq_rotate_k: the K-shift at the start of the next llama_decode applies it). *moved: whether any key
+ * moved. FARCTX_OK, or FARCTX_ERR_DECODE with the message in the session */
+int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t from,
+                                 int64_t to, bool * moved);
 
 /* write a formatted one-line message into buf (buf may be NULL); returns code */
 int32_t farctx_fail(char * buf, size_t size, int32_t code, const char * fmt, ...)

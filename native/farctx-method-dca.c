@@ -27,7 +27,6 @@
 struct farctx_dca {
     int64_t   rot_phase;          /* the phase whose layout the cached keys hold */
     int32_t   n_cache_rotations;  /* times the cached keys were rotated in place */
-    int32_t * k_step;             /* scratch: the rotation to apply per position */
 };
 
 static struct farctx_dca * dca_of(const struct farctx_session * s) {
@@ -106,45 +105,24 @@ static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_to
     if (phase == d->rot_phase) {
         return FARCTX_OK;
     }
-    int64_t p0 = -1, p1 = -1;
-    for (int64_t j = 0; j < pos; ++j) {
-        d->k_step[j] = (int32_t) (key_offset(p, phase, j) - key_offset(p, d->rot_phase, j));
-        if (d->k_step[j] != 0) {
-            p0 = p0 < 0 ? j : p0;
-            p1 = j + 1;
-        }
+    bool moved = false;
+    const int32_t rc = farctx_session_move_keys(s, pos, key_offset, d->rot_phase, phase, &moved);
+    if (rc != FARCTX_OK) {
+        return rc;
     }
-    if (p0 >= 0) {
-        if (!llama_memory_seq_rotate_k(llama_get_memory(s->ctx), s->seq, (llama_pos) p0, (llama_pos) p1,
-                                       d->k_step + p0)) {
-            return farctx_session_fail(s, FARCTX_ERR_DECODE, "dca: llama.cpp cannot rotate the cached keys in place");
-        }
-        d->n_cache_rotations++;
-    }
+    d->n_cache_rotations += moved;
     d->rot_phase = phase;
     return FARCTX_OK;
 }
 
 static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
-    struct farctx_dca * d = calloc(1, sizeof(*d));
-    int32_t * k_step = calloc(llama_n_ctx_seq(s->ctx), sizeof(int32_t));
-    if (d == NULL || k_step == NULL) {
-        free(d);
-        free(k_step);
-        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
-    }
-    d->k_step = k_step;
-    s->state  = d;
-    return FARCTX_OK;
+    s->state = calloc(1, sizeof(struct farctx_dca));
+    return s->state != NULL ? FARCTX_OK : farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
 }
 
 static void release(struct farctx_session * s) {
-    struct farctx_dca * d = dca_of(s);
-    if (d != NULL) {
-        free(d->k_step);
-        free(d);
-        s->state = NULL;
-    }
+    free(s->state);
+    s->state = NULL;
 }
 
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {

@@ -46,7 +46,6 @@ struct farctx_mesa {
      * rot_S - 1, where the stair is the identity (rotate_cache keeps rot_S <= pos + 1), and a rewind only
      * removes cells */
     int64_t rot_S;
-    int32_t * k_step;       /* scratch: the rotation to apply per position */
     int32_t n_cache_rotations; /* times the cache was rotated in place         */
 };
 
@@ -159,6 +158,11 @@ static bool stair_in_place(struct mesa_row r, int64_t pos, int32_t n_tokens) {
     return r.kind == 2 && pos >= r.S - 1 && n_tokens <= MESA_IN_PLACE_MAX;
 }
 
+/* where the stair of boundary S keeps key j, relative to its true position (S = 0: true positions) */
+static int64_t stair_offset(const struct farctx_params * p, int64_t S, int64_t j) {
+    return stair_pos(j, S, p->stair_width) - j;
+}
+
 static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
     struct farctx_mesa * m = mesa_of(s);
     const struct mesa_row r = mesa_row(s, pos);
@@ -172,18 +176,13 @@ static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_to
     if (S == m->rot_S) {
         return FARCTX_OK;  /* the usual case: nothing to do until the stair moves (every C tokens) */
     }
-    const int64_t E = s->params.stair_width;
-    bool any = false;
-    for (int64_t j = 0; j < pos; ++j) {
-        m->k_step[j] = (int32_t) (stair_pos(j, S, E) - stair_pos(j, m->rot_S, E));
-        any |= m->k_step[j] != 0;
-    }
-    /* applied by the K-shift at the start of the next llama_decode */
-    if (any && !llama_memory_seq_rotate_k(llama_get_memory(s->ctx), s->seq, 0, (llama_pos) pos, m->k_step)) {
-        return farctx_session_fail(s, FARCTX_ERR_DECODE, "mesa: llama.cpp cannot rotate the cached keys in place");
+    bool moved = false;
+    const int32_t rc = farctx_session_move_keys(s, pos, stair_offset, m->rot_S, S, &moved);
+    if (rc != FARCTX_OK) {
+        return rc;
     }
     m->rot_S = S;
-    m->n_cache_rotations += any;
+    m->n_cache_rotations += moved;
     return FARCTX_OK;
 }
 
@@ -312,26 +311,13 @@ static int32_t validate(const struct farctx_params * p, char * err, size_t err_s
 }
 
 static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
-    struct farctx_mesa * m = calloc(1, sizeof(*m));
-    /* per position of the cache: the in-place key rotation to apply (rotate_cache) */
-    int32_t * k_step = calloc(llama_n_ctx_seq(s->ctx), sizeof(int32_t));
-    if (m == NULL || k_step == NULL) {
-        free(m);
-        free(k_step);
-        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
-    }
-    m->k_step = k_step;
-    s->state  = m;
-    return FARCTX_OK;
+    s->state = calloc(1, sizeof(struct farctx_mesa));
+    return s->state != NULL ? FARCTX_OK : farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
 }
 
 static void release(struct farctx_session * s) {
-    struct farctx_mesa * m = mesa_of(s);
-    if (m != NULL) {
-        free(m->k_step);
-        free(m);
-        s->state = NULL;
-    }
+    free(s->state);
+    s->state = NULL;
 }
 
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
@@ -375,7 +361,7 @@ static void stats(const struct farctx_session * s, struct farctx_stats * st) {
     st->n_prompt_planned  = mesa_of(s)->planned ? mesa_of(s)->n : 0;
 }
 
-/* what farctx_session_state_get keeps of the plan and the stair (k_step is scratch) */
+/* what farctx_session_state_get keeps of the plan and the stair */
 struct mesa_saved {
     int32_t planned, chunked, n_stair_moves, n_cache_rotations;
     int64_t n, C, N, last_S, rot_S;

@@ -27,7 +27,7 @@ struct farctx_plan_params farctx_plan_default_params(void) {
  * sliding window leaves */
 static int64_t fitted_ubatch(const struct farctx_params * p, bool local_set, int64_t cells, int32_t n_swa,
                              int64_t full) {
-    int64_t room = cells - farctx_params_head(p) - p->n_local;
+    int64_t room = cells - farctx_cache_cells(p, p->n_ctx_train, 0, 0, 0);
     if (!local_set && room < full) {
         room = cells / 4 > 1 ? cells / 4 : 1;
     }
@@ -62,14 +62,16 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
 
     int64_t cells;  /* per stream */
     if (!d->info.fixed_cache) {
-        const int64_t stream = (in->n_prompt > 0 ? in->n_prompt : 0) + (in->n_predict > 0 ? in->n_predict : 0);
+        /* the caller's cache; else the stream's need (farctx_cache_cells: its length, or n_ctx_train), which a
+         * stream of unknown length under an extrapolating method may pass: room for FARCTX_WHOLE_STREAM_DEFAULT x */
+        const bool known = in->n_prompt > 0 || in->n_predict > 0 || d->info.stock_graph;
         cells = in->n_ctx > 0 ? cells_per_stream(in->n_ctx, n_seq)
-              : stream > 0    ? stream
-              : d->info.stock_graph ? p.n_ctx_train : (int64_t) FARCTX_WHOLE_STREAM_DEFAULT * p.n_ctx_train;
+              : known         ? farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, in->n_prompt, in->n_predict)
+              : (int64_t) FARCTX_WHOLE_STREAM_DEFAULT * p.n_ctx_train;
     } else if (in->n_ctx <= 0) {
         /* the method's own cache: head + n_local + n_ubatch, and on sliding-window layers their window + a ubatch */
         n_ubatch = n_ubatch < n_batch ? n_ubatch : n_batch;
-        cells = farctx_params_head(&p) + p.n_local + n_ubatch;
+        cells = farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, 0, 0);
         if (n_swa > 0 && cells < n_swa + n_ubatch) {
             cells = n_swa + n_ubatch;
         }
@@ -97,7 +99,7 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
     if (d->info.fixed_cache) {
         const int32_t head = farctx_params_head(&p);
         const char * head_name = d->info.head_param >= 0 ? farctx_param_get_info(d->info.head_param).name : "0";
-        const int64_t need = (int64_t) head + p.n_local + n_ubatch;
+        const int64_t need = farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, 0, 0);
         char per[96] = "";
         if (n_seq > 1) {
             snprintf(per, sizeof(per), " per stream (%d cells / %d streams)", in->n_ctx, n_seq);

@@ -130,7 +130,33 @@ void farctx_session_free(struct farctx_session * session) {
     if (session->ops->free != NULL) {
         session->ops->free(session);
     }
+    free(session->k_step);
     free(session);
+}
+
+int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t from,
+                                 int64_t to, bool * moved) {
+    *moved = false;
+    if (s->k_step == NULL && (s->k_step = calloc(llama_n_ctx_seq(s->ctx), sizeof(int32_t))) == NULL) {
+        return farctx_session_fail(s, FARCTX_ERR_DECODE, "out of memory");
+    }
+    int64_t p0 = -1, p1 = -1;  /* the span of keys that move */
+    for (int64_t j = 0; j < pos; ++j) {
+        s->k_step[j] = (int32_t) (offset(&s->params, to, j) - offset(&s->params, from, j));
+        if (s->k_step[j] != 0) {
+            p0 = p0 < 0 ? j : p0;
+            p1 = j + 1;
+        }
+    }
+    if (p0 < 0) {
+        return FARCTX_OK;
+    }
+    if (!llama_memory_seq_rotate_k(llama_get_memory(s->ctx), s->seq, (llama_pos) p0, (llama_pos) p1, s->k_step + p0)) {
+        return farctx_session_fail(s, FARCTX_ERR_DECODE, "%s: llama.cpp cannot rotate the cached keys in place",
+                                   farctx_method_name(s->params.method));
+    }
+    *moved = true;
+    return FARCTX_OK;
 }
 
 int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
