@@ -1,4 +1,4 @@
-"""Patches 0002 and 0008: the K-shift is a pure rotation for every cache type (YaRN, BF16), and
+"""Patches 0002-0005 and 0011: the K-shift is a pure rotation for every cache type (YaRN, BF16), and
 llama_memory_seq_rotate_k rotates cached keys in place without moving their positions."""
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def test_keys_rotated_in_place_per_phase_and_back_on_rewind(tiny_model, oracle, 
 def test_decode_over_more_than_512_cells(tiny_model, oracle):
     """Generated tokens over more than 512 cells take the CPU's split-KV flash attention: each of the two calls
     over every cell has a long masked run at one end (the main segment reads the last chunks, the second segment
-    the rest), and each thread's share starts and ends at unmasked cells (patch 0005). Equal to the oracle."""
+    the rest), and each thread's share starts and ends at unmasked cells (patch 0008). Equal to the oracle."""
     tokens = random_tokens(600, seed=29)
     got = engine_logits(tiny_model, tokens, 560, n_ubatch=64, type_k=F16, type_v=F16, flash_attn=True,
                         method="dca", n_ctx=1024, **DCA)

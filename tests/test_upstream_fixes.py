@@ -45,7 +45,8 @@ def outcome(run: subprocess.CompletedProcess[str], case: str) -> str:
 @pytest.mark.parametrize("case", list(CASES))
 def test_fails_on_stock_and_passes_here(tiny_model: Path, case: str) -> None:
     """seq_div's sign (the seq-div patch); the K-shift re-applying YaRN's magnitude factor, aborting on a BF16
-    cache and dereferencing a missing Hadamard rotation (the K-shift patch)."""
+    cache and dereferencing a missing Hadamard rotation (the K-shift patches 0002-0004: yarn-attn-factor,
+    hadamard-optional, bf16)."""
     import farctx
     from farctx.bench.harness import stock_lib_dir
 
