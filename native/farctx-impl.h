@@ -36,9 +36,10 @@ struct farctx_method_ops {
     int32_t (*local_default)(const struct farctx_params * p);
     /* checks of the resolved parameters against each other (NULL: none) */
     int32_t (*validate)(const struct farctx_params * p, char * err, size_t err_size);
-    /* set-up after the parameters are resolved: state, parameters that depend on the context (NULL: none) */
+    /* bytes of the method's own state (s->state), zeroed at session init and freed with the session (0: none) */
+    size_t  state_size;
+    /* set-up after the parameters are resolved: parameters that depend on the context (NULL: none) */
     int32_t (*init)(struct farctx_session * s, char * err, size_t err_size);
-    void    (*free)(struct farctx_session * s);
     /* the attention mechanism's settings (fill callback, segments, deltas) */
     void    (*setup)(struct farctx_session * s, struct llama_attn_extrap_params * out);
     /* queries below this position see exactly what vanilla attention shows them: the stock graph runs */
@@ -91,7 +92,7 @@ struct farctx_session {
     llama_seq_id seq;              /* the sequence (KV stream) of the context that holds the stream */
     struct farctx_params params;   /* defaults resolved */
     const struct farctx_method_ops * ops;
-    void  * state;                 /* the method's own (ops->init / ops->free) */
+    void  * state;                 /* the method's own (ops->state_size bytes) */
     int64_t n_past;                /* tokens fed so far                 */
     int32_t n_decode;              /* llama_decode calls                */
     bool    fill_error;            /* the method refused a ubatch       */

@@ -20,7 +20,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* the layout the cache holds, and the scratch of a rotation (per session: no module-level state) */
@@ -115,16 +114,6 @@ static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_to
     return FARCTX_OK;
 }
 
-static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
-    s->state = calloc(1, sizeof(struct farctx_dca));
-    return s->state != NULL ? FARCTX_OK : farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
-}
-
-static void release(struct farctx_session * s) {
-    free(s->state);
-    s->state = NULL;
-}
-
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
     *out = llama_attn_extrap_default_params();
     out->mode             = LLAMA_ATTN_EXTRAP_CUSTOM;
@@ -193,8 +182,7 @@ static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t
 
 const struct farctx_method_ops farctx_dca_ops = {
     .validate      = validate,
-    .init          = init,
-    .free          = release,
+    .state_size    = sizeof(struct farctx_dca),
     .setup         = setup,
     .plain_below   = plain_below,
     .segment_end   = segment_end,

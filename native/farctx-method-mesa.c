@@ -22,7 +22,6 @@
 #include "farctx-impl.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* from S - 1 on, a batch of at most this many tokens (generated tokens) reads the cache rotated in place: the
@@ -310,16 +309,6 @@ static int32_t validate(const struct farctx_params * p, char * err, size_t err_s
     return FARCTX_OK;
 }
 
-static int32_t init(struct farctx_session * s, char * err, size_t err_size) {
-    s->state = calloc(1, sizeof(struct farctx_mesa));
-    return s->state != NULL ? FARCTX_OK : farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
-}
-
-static void release(struct farctx_session * s) {
-    free(s->state);
-    s->state = NULL;
-}
-
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
     *out = llama_attn_extrap_default_params();
     out->mode      = LLAMA_ATTN_EXTRAP_CUSTOM;
@@ -395,8 +384,7 @@ static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t
 
 const struct farctx_method_ops farctx_mesa_ops = {
     .validate      = validate,
-    .init          = init,
-    .free          = release,
+    .state_size    = sizeof(struct farctx_mesa),
     .setup         = setup,
     .plain_below   = plain_below,
     .begin_feed    = begin_feed,

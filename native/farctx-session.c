@@ -71,7 +71,13 @@ struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, cons
         s->params.n_local = plan.n_local;
         s->window_fitted  = true;
     }
+    if (s->ops->state_size > 0 && (s->state = calloc(1, s->ops->state_size)) == NULL) {
+        farctx_fail(err, err_size, FARCTX_ERR_PARAM, "out of memory");
+        free(s);
+        return NULL;
+    }
     if (s->ops->init != NULL && s->ops->init(s, err, err_size) != FARCTX_OK) {
+        free(s->state);
         free(s);
         return NULL;
     }
@@ -90,9 +96,7 @@ struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, cons
             rc == LLAMA_ATTN_EXTRAP_ERR_CONTEXT ? "the context holds several sequences in one unified KV cache "
                                                   "(use kv_unified = false: one stream per sequence)" :
                                                   "llama.cpp refused the attention parameters");
-        if (s->ops->free != NULL) {
-            s->ops->free(s);
-        }
+        free(s->state);
         free(s);
         return NULL;
     }
@@ -127,9 +131,7 @@ void farctx_session_free(struct farctx_session * session) {
         struct llama_attn_extrap_params none = llama_attn_extrap_default_params();
         llama_set_attn_extrap(session->ctx, &none);
     }
-    if (session->ops->free != NULL) {
-        session->ops->free(session);
-    }
+    free(session->state);
     free(session->k_step);
     free(session);
 }
