@@ -40,21 +40,18 @@ def worker_ours(args: argparse.Namespace, prompt: list[int]) -> dict[str, Any]:
     import numpy as np
 
     from farctx.batch import SequenceBatch
-    from farctx.methods import MethodParams, cache_cells, fixed_cache
-    from farctx.models import n_ctx_train
+    from farctx.context import LoadedModel, RuntimeOptions
+    from farctx.methods import MethodParams
 
     params = {"n_ctx_train": args.n_ctx_train} if args.n_ctx_train else {}
     method = MethodParams.from_kwargs(args.method, params)
-    n_train = args.n_ctx_train or n_ctx_train(Path(args.model))
-    n_ubatch = min(args.n_ubatch, args.n_batch)
-    if fixed_cache(args.method):
-        n_ctx_seq = cache_cells(method, n_train, n_ubatch)
-    else:
-        n_ctx_seq = cache_cells(method, n_train, n_ubatch, len(prompt), args.n_gen + 1)
-    kwargs: dict[str, Any] = {"n_batch": args.n_batch, "n_ubatch": args.n_ubatch, "verbose": False,
-                              "n_threads": args.threads, "n_threads_batch": args.threads,
-                              "flash_attn": args.fa == "on"}
-    batch = SequenceBatch(args.model, n_seq=args.n, n_ctx_seq=n_ctx_seq, **kwargs)
+    options = RuntimeOptions(n_batch=args.n_batch, n_ubatch=args.n_ubatch, n_threads=args.threads,
+                             n_threads_batch=args.threads, flash_attn=args.fa == "on")
+    model = LoadedModel(args.model, options)
+    # each stream's cells: the context plan's for the prompt and the generation (fixed-cache methods: their own)
+    plan = model.plan(method, n_seq=args.n, n_prompt=len(prompt), n_predict=args.n_gen + 1)
+    batch = SequenceBatch.planned(model, plan, args.n)
+    n_ctx_seq = batch.n_ctx_seq
     for i in range(args.n):
         batch.open(i, args.method, **params)
     start = time.perf_counter()

@@ -35,7 +35,7 @@ def chat(model: str | None, system: str | None, file: str | None, n_predict: int
     """
     import farctx
     from farctx.chat import Chat, fixed_head_tokens, run_chat
-    from farctx.methods import llama_context_plan, method_infos
+    from farctx.methods import method_infos
     from farctx.models import resolve_model_path
 
     document = None
@@ -49,8 +49,6 @@ def chat(model: str | None, system: str | None, file: str | None, n_predict: int
     if head is not None and head not in kwargs:
         kwargs[head] = fixed_head_tokens(str(resolve_model_path(model)), system) or None
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    if not kwargs.get("n_ctx"):
-        kwargs["n_ctx"] = llama_context_plan(model, kwargs).n_ctx
     llm = farctx.Llama(model, **kwargs)  # loaded now: errors before the first message
     click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     sampling: dict[str, Any] = {"temperature": temp, "top_k": top_k, "top_p": top_p,

@@ -44,13 +44,11 @@ def parse_methods(text: str) -> list[str]:
 
 def _make_llm(model: Optional[str], method: str, n_ctx_whole: int, base: dict[str, Any]) -> Any:
     import farctx
-    from farctx.methods import fixed_cache, llama_context_plan
     from farctx.progress import Progress
 
-    kwargs = dict(base, method=method)
-    if kwargs.get("n_ctx", 0) == 0 and not fixed_cache(method):
-        # the whole stream in the cache (vanilla: even past n_ctx_train), sized by libfarctx
-        kwargs["n_ctx"] = llama_context_plan(model, kwargs, n_ctx_whole).n_ctx
+    # n_ctx 0: the plan's cache; the methods that keep the whole stream get one for n_ctx_whole tokens (vanilla: even
+    # past n_ctx_train)
+    kwargs = dict(base, method=method, n_prompt=n_ctx_whole)
     llm = farctx.Llama(model, progress=Progress(f"{method}", min_total=2048), **kwargs)
     click.echo(f"farctx: {llm.method_params.describe()}, cache {llm.n_ctx()} cells", err=True)
     return llm
@@ -115,7 +113,7 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
     results = []
     quiet = json_path == "-"
     started = time.monotonic()
-    probe = farctx.Llama(model, n_ctx=256, n_batch=256)
+    probe = farctx.Llama(model, vocab_only=True)  # the tokenizer: no weights, no context
     tokens = probe.tokenize(text.encode("utf-8"))
     probe.close()
     length_list = check_lengths(parse_lengths(lengths), window, len(tokens) // docs)
@@ -289,7 +287,7 @@ def ood(model: Optional[str], file: Optional[str], methods: str, lengths: Option
         if not path.is_file():
             raise click.BadParameter(f"no such file: {file}", param_hint="-f")
         text, source = path.read_text(encoding="utf-8", errors="replace"), file
-    probe = farctx.Llama(model, n_ctx=256, n_batch=256)
+    probe = farctx.Llama(model, vocab_only=True)  # the tokenizer: no weights, no context
     tokens = probe.tokenize(text.encode("utf-8"))
     probe.close()
     n = max(length_list)

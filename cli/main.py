@@ -102,7 +102,7 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     import farctx
     from farctx.progress import Progress
 
-    from farctx.methods import fixed_cache, llama_context_plan
+    from farctx.methods import fixed_cache
 
     text = _read_prompt(prompt, file)
     if ood_report and opts.get("flash_attn") == "on":
@@ -114,8 +114,8 @@ def generate(model: str | None, prompt: str | None, file: str | None, n_predict:
     if seed >= 0:
         kwargs["seed"] = seed
     if kwargs["n_ctx"] == 0 and not fixed_cache(kwargs["method"]):
-        # the methods that keep the whole stream (vanilla too): the cache of the prompt plus the generation
-        kwargs["n_ctx"] = llama_context_plan(model, kwargs, _count_tokens(model, text), n_predict).n_ctx
+        # the methods that keep the whole stream (vanilla too): the plan's cache for the prompt plus the generation
+        kwargs.update(n_prompt=_count_tokens(model, text), n_predict=n_predict)
     recorder = None
     if ood_report:
         from farctx.eval.ood_recorder import OodRecorder, sampled_layers, settings_for

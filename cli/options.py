@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from farctx.kv_types import KV_TYPES  # noqa: F401  (-ctk/-ctv choices; bench_cmd reads it here too)
+
+if TYPE_CHECKING:
+    from farctx.context import RuntimeOptions
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -92,8 +95,11 @@ def method_keys() -> tuple[str, ...]:
     return tuple(p.name for p in param_infos())
 
 
-def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
-    """keyword arguments of farctx.Llama from the parsed options (consumes them)."""
+def runtime(opts: dict[str, Any]) -> "RuntimeOptions":
+    """The runtime options from the parsed flags of runtime_options (consumes them)."""
+    from farctx.context import RuntimeOptions
+    from farctx.errors import FarctxError
+
     ngl = str(opts.pop("n_gpu_layers"))
     if ngl == "all":
         n_gpu_layers = -1
@@ -102,35 +108,36 @@ def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
             n_gpu_layers = int(ngl)
         except ValueError:
             raise click.BadParameter(f"'{ngl}' is not a number or 'all'", param_hint="-ngl") from None
-    kwargs: dict[str, Any] = {
-        "method": opts.pop("method"),
-        "n_ctx": opts.pop("n_ctx"),
-        "n_batch": opts.pop("n_batch"),
-        "n_ubatch": opts.pop("n_ubatch"),
-        "n_gpu_layers": n_gpu_layers,
-        "flash_attn": opts.pop("flash_attn") == "on",
-        "type_k": KV_TYPES[opts.pop("cache_type_k")],
-        "type_v": KV_TYPES[opts.pop("cache_type_v")],
-    }
-    for key in ("n_batch", "n_ubatch"):  # 0: unset, the context plan's default (farctx.methods.context_plan)
-        if not kwargs[key]:
-            del kwargs[key]
     split = opts.pop("tensor_split")
-    if split:
-        try:
-            kwargs["tensor_split"] = [float(x) for x in split.split(",")]
-        except ValueError:
-            raise click.BadParameter(f"'{split}' is not a comma-separated list of numbers", param_hint="-ts") from None
+    try:
+        tensor_split = [float(x) for x in split.split(",")] if split else None
+    except ValueError:
+        raise click.BadParameter(f"'{split}' is not a comma-separated list of numbers", param_hint="-ts") from None
     rpc_servers = opts.pop("rpc")
-    if rpc_servers:
-        kwargs["rpc_servers"] = rpc_servers
-        if n_gpu_layers == 0:
-            click.echo("farctx: warning: --rpc with -ngl 0 puts no layer on the RPC servers (-ngl all: every layer)",
-                       err=True)
+    if rpc_servers and n_gpu_layers == 0:
+        click.echo("farctx: warning: --rpc with -ngl 0 puts no layer on the RPC servers (-ngl all: every layer)",
+                   err=True)
     threads = opts.pop("n_threads")
-    if threads is not None:
-        kwargs["n_threads"] = threads
-        kwargs["n_threads_batch"] = threads
+    try:
+        return RuntimeOptions(
+            n_ctx=opts.pop("n_ctx"),
+            n_batch=opts.pop("n_batch") or None,  # 0: unset, the context plan's
+            n_ubatch=opts.pop("n_ubatch") or None,
+            n_threads=threads, n_threads_batch=threads,
+            flash_attn=opts.pop("flash_attn") == "on",
+            type_k=KV_TYPES[opts.pop("cache_type_k")],
+            type_v=KV_TYPES[opts.pop("cache_type_v")],
+            n_gpu_layers=n_gpu_layers, tensor_split=tensor_split,
+            rpc_servers=rpc_servers.split(",") if rpc_servers else [],
+        )
+    except FarctxError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def llama_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
+    """keyword arguments of farctx.Llama from the parsed options (consumes them): the method, its parameters and
+    the runtime options set."""
+    kwargs: dict[str, Any] = {"method": opts.pop("method"), "n_ctx": 0, **runtime(opts).kwargs()}
     for key in method_keys():
         value = opts.pop(key)
         if value is not None:

@@ -90,7 +90,13 @@ def _options() -> type[llm.Options]:
         p.name: (Optional[int], Field(None, ge=p.minimum, description=p.option_help(methods))) for p in param_infos()
     }
     fields.update(
+        # the runtime options (farctx.context.RuntimeOptions) that a chat may set, by llama.cpp's names
         n_ctx=(Optional[int], Field(None, ge=0, description="KV cache cells (default: the method's)")),
+        n_batch=(Optional[int], Field(None, ge=1, description="logical batch (default: 512, at most the cache)")),
+        n_ubatch=(Optional[int], Field(None, ge=1, description="physical batch (default: the context plan's)")),
+        n_threads=(Optional[int], Field(None, ge=1, description="CPU threads")),
+        n_gpu_layers=(Optional[int], Field(None, ge=-1, description="layers on the GPU (-1: all)")),
+        flash_attn=(Optional[bool], Field(None, description="flash attention")),
         max_tokens=(Optional[int], Field(None, ge=1, description="most tokens to generate")),
         temperature=(Optional[float], Field(None, ge=0, description="0: greedy")),
         seed=(Optional[int], Field(None, description="sampling seed")),
@@ -99,6 +105,7 @@ def _options() -> type[llm.Options]:
 
 
 _METHOD_FIELDS = ("method", *farctx.MethodParams.names())
+_RUNTIME_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "flash_attn")
 
 
 class FarctxModel(llm.Model):
@@ -114,22 +121,19 @@ class FarctxModel(llm.Model):
 
     def _engine(self, kwargs: dict[str, Any]) -> Any:
         """farctx.Llama for these options (the method, its parameters, n_ctx), loaded again when they change;
-        its cache sized as every farctx command sizes it (farctx.methods.context_plan)."""
-        from farctx.methods import llama_context_plan
-
+        its cache sized as every farctx command sizes it (the context plan: n_ctx unset is what the method needs)."""
         if self._loaded != kwargs:
             if self._llm is not None:
                 self._llm.close()
                 self._llm, self._loaded = None, None
-            sized = {**kwargs, "n_ctx": kwargs.get("n_ctx") or llama_context_plan(self.path, kwargs).n_ctx}
-            self._llm = farctx.Llama(self.path, **sized)
+            self._llm = farctx.Llama(self.path, **kwargs)
             self._loaded = kwargs
         return self._llm
 
     def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
                 conversation: Optional[llm.Conversation]) -> Iterator[str]:
         options = prompt.options
-        kwargs = {name: getattr(options, name) for name in (*_METHOD_FIELDS, "n_ctx")
+        kwargs = {name: getattr(options, name) for name in (*_METHOD_FIELDS, *_RUNTIME_FIELDS)
                   if getattr(options, name) is not None}
         sampling = {name: getattr(options, name) for name in ("max_tokens", "temperature", "seed")
                     if getattr(options, name) is not None}

@@ -131,8 +131,8 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
         return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "%lld cells x %d streams exceed llama.cpp's 32-bit sizes",
                            (long long) cells, n_seq);
     }
-    out->n_ctx_seq = (int32_t) cells;
     out->n_ctx     = (int32_t) (in->n_ctx > 0 ? in->n_ctx : cells * n_seq);
+    out->n_ctx_seq = (int32_t) cells_per_stream(out->n_ctx, n_seq);  /* what llama.cpp makes of n_ctx */
     out->n_batch   = (int32_t) n_batch;
     out->n_ubatch  = (int32_t) n_ubatch;
     return farctx_fail(err, err_size, FARCTX_OK, "%s", "");

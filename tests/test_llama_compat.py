@@ -332,9 +332,13 @@ def test_chat_schema_tools_and_streaming_as_stock(default_model: Path, stock_cha
 
 @pytest.mark.parametrize("method", ["lminf", "mesa"])
 def test_n_ctx_0_is_the_methods_own_size(default_model: Path, method: str) -> None:
-    """n_ctx=0 (llama_cpp: the trained context): a fixed-cache method takes its own size (head + the trained
-    window + n_ubatch), a whole-stream one the trained context."""
+    """n_ctx=0 (llama_cpp: the trained context) is the context plan's cache: a fixed-cache method's own size (head +
+    the trained window + n_ubatch); an extrapolating whole-stream one 4 x the trained context, or the stream it is
+    told of (n_prompt + n_predict)."""
+    with farctx.Llama(str(default_model), method=method, n_ctx=0, n_prompt=1000, n_predict=24) as llm:
+        assert llm.n_ctx() == (1024 if method == "mesa" else (10 + 8192 + 512 + 255) // 256 * 256)
     with farctx.Llama(str(default_model), method=method, n_ctx=0, n_ubatch=64, n_batch=64) as llm:
-        assert llm.n_ctx() == (8192 if method == "mesa" else (10 + 8192 + 64 + 255) // 256 * 256)
+        assert llm.n_ctx() == (4 * 8192 if method == "mesa" else (10 + 8192 + 64 + 255) // 256 * 256)
+        assert llm.plan.n_ctx_seq == llm.n_ctx() and llm.plan.n_ubatch == 64
         assert not llm.stats()["window_fitted"]
         assert llm.create_completion("Hello", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] == 2

@@ -127,14 +127,20 @@ def refused_model(tmp_path_factory, default_model) -> Path:
 
 def _c_support(path: Path) -> dict[str, str]:
     """farctx_method_supported straight from C on the loaded model."""
-    from farctx.engine import load_model_params_only
+    from farctx._native import native
+    from farctx.context import LoadedModel, RuntimeOptions
 
     out = {}
-    with load_model_params_only(path) as (nat, model):
+    nat = native()
+    loaded = LoadedModel(path, RuntimeOptions())
+    try:
+        model = nat.llama_model_ptr(loaded.model.model)
         err = nat.ffi.new("char[]", 512)
         for m, name in enumerate(c_methods()):
             rc = nat.lib.farctx_method_supported(m, model, err, 512)
             out[name] = "" if rc == nat.lib.FARCTX_OK else nat.ffi.string(err).decode()
+    finally:
+        loaded.close()
     return out
 
 

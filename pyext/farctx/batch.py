@@ -9,113 +9,59 @@ what a server with parallel slots needs (continuous batching).
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import rpc
+from .context import LoadedModel, RuntimeOptions
 from .errors import FarctxError
-from .kv_types import check_kv_types, kv_type_id
-from .methods import MethodParams, default_batch_sizes
-from .models import check_gguf, resolve_model_path
-from .stream import LOG as _LOG
+from .methods import ContextPlan, MethodParams
 from .stream import Stream, _N, feed_together
 
 
 class SequenceBatch:
     """Up to `n_seq` streams of one model (`model_path=None`: the bundled default), `n_ctx_seq` KV cells each.
 
-    Keyword arguments are llama.cpp's, named as in `farctx.Llama` (`n_batch`, `n_ubatch`, `n_threads`,
-    `n_threads_batch`, `flash_attn`, `type_k`, `type_v`, `n_gpu_layers`, `offload_kqv`, `use_mmap`,
-    `verbose`, `rpc_servers`, `tensor_split`), and `deterministic`: every stream's logits bitwise the same whatever
-    the others fed beside it (batch-invariant kernels, slower; `docs/server.md`). A stream is opened with a method and its parameters (`open`), then fed with
-    `step`.
+    Keyword arguments are the runtime options (`farctx.context.RuntimeOptions`: `n_batch`, `n_ubatch`,
+    `n_threads`, `flash_attn`, `type_k`, `type_v`, `n_gpu_layers`, `rpc_servers`, ...), and `deterministic`: every
+    stream's logits bitwise the same whatever the others fed beside it (batch-invariant kernels, slower;
+    `docs/server.md`). A stream is opened with a method and its parameters (`open`), then fed with `step`.
     """
 
-    _CONTEXT_KEYS = ("n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "type_k", "type_v",
-                     "offload_kqv", "swa_full", "deterministic")
-    _MODEL_KEYS = ("n_gpu_layers", "use_mmap", "verbose", "rpc_servers", "tensor_split")
-
     def __init__(self, model_path: Optional[str] = None, *, n_seq: int, n_ctx_seq: int, **kwargs: Any) -> None:
-        unknown = sorted(set(kwargs) - set(self._CONTEXT_KEYS) - set(self._MODEL_KEYS))
-        if unknown:
-            raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+        deterministic = bool(kwargs.pop("deterministic", False))
+        options = RuntimeOptions.take(kwargs)
+        if kwargs:
+            raise FarctxError(f"unexpected keyword argument(s): {', '.join(sorted(kwargs))}")
         if n_seq < 1 or n_ctx_seq < 1:
             raise FarctxError(f"n_seq ({n_seq}) and n_ctx_seq ({n_ctx_seq}) must be at least 1")
-        default_batch, default_ubatch = default_batch_sizes()
-        n_batch = int(kwargs.get("n_batch", default_batch))
-        n_ubatch = int(kwargs.get("n_ubatch", default_ubatch))
-        if n_ubatch < 1 or n_batch < n_seq:
-            # llama.cpp keeps an output row per sequence in a buffer of n_batch rows (it aborts past it)
-            raise FarctxError(f"n_batch ({n_batch}) must be at least n_seq ({n_seq}) and n_ubatch ({n_ubatch}) "
-                              "at least 1: each decode holds an output row per sequence")
-        for key in ("type_k", "type_v"):
-            if kwargs.get(key) is not None:
-                kwargs[key] = kv_type_id(kwargs[key])
-        check_kv_types(kwargs.get("type_k"), kwargs.get("type_v"), bool(kwargs.get("flash_attn")))
-        llama_cpp = _N.llama_cpp
-        path = resolve_model_path(model_path)
-        check_gguf(path)
-        self.model_path = str(path)
+        self._attach(LoadedModel(model_path, options, deterministic=deterministic), n_seq, n_seq * n_ctx_seq)
+
+    @classmethod
+    def planned(cls, model: LoadedModel, plan: ContextPlan, n_seq: int) -> "SequenceBatch":
+        """n_seq streams on a loaded model, sized by its context plan (the server's slots); the batch owns the
+        model from here."""
+        batch = cls.__new__(cls)
+        batch._attach(model, n_seq, plan.n_ctx, plan.n_batch, plan.n_ubatch)
+        return batch
+
+    def _attach(self, model: LoadedModel, n_seq: int, n_ctx: int, n_batch: Optional[int] = None,
+                n_ubatch: Optional[int] = None) -> None:
         self._streams: list[Optional[Stream]] = [None] * n_seq
-
-        verbose = bool(kwargs.get("verbose", False))
-        _LOG.clear()
-        _LOG.verbose = verbose
-        mparams = llama_cpp.llama_model_default_params()
-        n_gpu_layers = int(kwargs.get("n_gpu_layers", 0))
-        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers == -1 else n_gpu_layers
-        mparams.use_mmap = bool(kwargs.get("use_mmap", True))
-        if kwargs.get("deterministic"):
-            mparams.use_extra_bufts = False  # repacked weights take other kernels by the batch's column count
-        self.rpc_servers = rpc.parse_servers(kwargs.get("rpc_servers"))
-        self._model_devices = rpc.model_devices(self.rpc_servers) if self.rpc_servers else None
-        if self._model_devices is not None:
-            mparams.devices = ctypes.addressof(self._model_devices)
-        split = kwargs.get("tensor_split")
-        if split:
-            self._tensor_split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*split)
-            mparams.tensor_split = self._tensor_split
-        self._model = llama_cpp.llama_model_load_from_file(self.model_path.encode(), mparams)
-        if not self._model:
-            raise FarctxError(f"llama.cpp could not load {self.model_path}: {_LOG.reason() or 'see the log'}")
-
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_seq * n_ctx_seq
-        cparams.n_seq_max = n_seq
-        cparams.kv_unified = False  # one KV stream per sequence: the attention methods fill a mask per stream
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_ubatch, n_batch)
-        threads = kwargs.get("n_threads")
-        if threads:
-            cparams.n_threads = int(threads)
-            cparams.n_threads_batch = int(kwargs.get("n_threads_batch") or threads)
-        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if kwargs.get("flash_attn")
-                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        for key in ("type_k", "type_v"):
-            if kwargs.get(key) is not None:
-                setattr(cparams, key, int(kwargs[key]))
-        cparams.offload_kqv = bool(kwargs.get("offload_kqv", True))
-        cparams.swa_full = bool(kwargs.get("swa_full", False))
-        cparams.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-            raise FarctxError(f"llama.cpp could not create a context for {self.model_path}: "
-                              f"{_LOG.reason() or 'see the log'}")
-        rpc.hold(self, self.rpc_servers)
-        self.deterministic = bool(kwargs.get("deterministic", False))
-        if self.deterministic and not _batch_invariant(self._ctx):
-            self.close()
-            raise FarctxError("deterministic needs every layer on the CPU backend: a GPU or RPC backend computes "
-                              "part of this context's graph, and only the CPU has batch-invariant kernels "
-                              "(use -ngl 0 on a CPU-only build)")
+        self._loaded = model
+        self.model_path = model.path
+        self.rpc_servers = model.options.rpc_servers
+        self.deterministic = model.deterministic
+        try:
+            self._context = model.new_context(n_ctx, n_seq, n_batch, n_ubatch)
+        except FarctxError:
+            model.close()
+            raise
+        self._ctx = self._context.ctx
         self._cctx = _N.llama_context_ptr(self._ctx)
         self.n_seq = n_seq
-        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # rounded up to 256 cells by llama.cpp
-        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
+        self.n_ctx_seq = int(_N.llama_cpp.llama_n_ctx_seq(self._ctx))  # rounded up to 256 cells by llama.cpp
+        self.n_vocab = model.facts.n_vocab
 
     # -- streams -------------------------------------------------------------------------------
 
@@ -183,15 +129,12 @@ class SequenceBatch:
     def close(self) -> None:
         for seq, stream in enumerate(getattr(self, "_streams", [])):
             if stream is not None:
-                stream.close()
+                stream.close()  # freed before the context it points into
                 self._streams[seq] = None
-        if getattr(self, "_ctx", None):
-            _N.llama_cpp.llama_free(self._ctx)
+        if getattr(self, "_loaded", None) is not None:
+            self._loaded.close()  # the context with the model (llama-cpp-python frees a context before its model)
+            self._loaded = None
             self._ctx = None
-        if getattr(self, "_model", None):
-            _N.llama_cpp.llama_model_free(self._model)
-            self._model = None
-            rpc.release(self)  # the model and its RPC connections are freed
 
     def __enter__(self) -> "SequenceBatch":
         return self
@@ -205,10 +148,3 @@ class SequenceBatch:
         except Exception:
             pass
 
-
-def _batch_invariant(ctx: Any) -> bool:
-    """Switch ctx to batch-invariant kernels; False if a backend without them computes part of its graph."""
-    lib = _N.llama_cpp.llama_cpp._lib
-    fn = lib.llama_set_batch_invariant
-    fn.restype, fn.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_bool]
-    return bool(fn(ctx, True))

@@ -10,17 +10,16 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from . import rpc
 from .errors import EmptyPromptError, FarctxError
+from .context import ModelFacts, RuntimeOptions, plan_for
 from .grammar import check_grammar
-from .kv_types import check_kv_types, kv_type_id
-from .methods import MethodParams, context_plan
-from .models import check_gguf, context_and_window, resolve_model_path
+from .methods import ContextPlan, MethodParams
+from .models import check_gguf, resolve_model_path
 from .stream import LOG as _LOG
 from .stream import ProgressFn, Stream, check_params, _N
 
@@ -32,27 +31,7 @@ _LLAMA_KWARGS = {
 
 
 _MAX_STREAM = 2**31 - 1
-
-
-@contextmanager
-def load_model_params_only(model_path: Optional[str | os.PathLike[str]]) -> Iterator[tuple[Any, Any]]:
-    """The model loaded as cheaply as llama.cpp allows while it still knows the hyperparameters
-    (memory-mapped on the CPU: vocab_only skips the hyperparameters, no_alloc refuses a CPU load), as
-    (native, cffi llama_model pointer); freed on exit."""
-    path = resolve_model_path(model_path)
-    check_gguf(path)
-    lc = _N.llama_cpp
-    params = lc.llama_model_default_params()
-    params.n_gpu_layers = 0
-    params.use_mmap = True
-    _LOG.clear()
-    model = lc.llama_model_load_from_file(str(path).encode("utf-8"), params)
-    if not model:
-        raise FarctxError(f"llama.cpp could not load {path}: {_LOG.reason() or 'unknown error'}")
-    try:
-        yield _N, _N.llama_model_ptr(model)
-    finally:
-        lc.llama_model_free(model)
+_UNPLANNED = 256  # the n_ctx llama_cpp.Llama is given until the plan replaces it (never 0: that is its own default)
 
 
 class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
@@ -60,11 +39,13 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
 
     `model_path=None` loads the bundled default model. `method` is one of farctx.METHODS;
     the method's parameters (`farctx.MethodParams.names()`, from libfarctx's table) are keyword
-    arguments, and every other keyword argument is llama_cpp.Llama's. `rpc_servers`
-    ("HOST:PORT,HOST:PORT" or a list) puts the offloaded layers (`n_gpu_layers`) on those ggml RPC
-    servers (`farctx rpc-server`), then on the local GPUs; each server is checked first (FarctxError
-    naming it when it cannot be reached in `farctx.rpc.CONNECT_TIMEOUT` seconds or speaks another
-    protocol version).
+    arguments, and every other keyword argument is llama_cpp.Llama's; the runtime options among them
+    (`farctx.context.RuntimeOptions`) have farctx's defaults. `n_ctx` unset or 0 is the context plan's cache
+    for the method on this model, for a stream of `n_prompt` + `n_predict` tokens when they are given
+    (`self.plan`). `rpc_servers` ("HOST:PORT,HOST:PORT" or a list) puts the offloaded layers (`n_gpu_layers`)
+    on those ggml RPC servers (`farctx rpc-server`), then on the local GPUs; each server is checked first
+    (FarctxError naming it when it cannot be reached in `farctx.rpc.CONNECT_TIMEOUT` seconds or speaks
+    another protocol version).
     """
 
     # llama_cpp.Llama.__init__ assigns the struct; the RPC devices (if any) go into it there
@@ -76,11 +57,12 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         *,
         method: str = "vanilla",
         progress: Optional[ProgressFn] = None,
-        rpc_servers: Optional[str | Sequence[str]] = None,
+        n_prompt: int = 0,
+        n_predict: int = 0,
         **kwargs: Any,
     ) -> None:
         method_values = {name: kwargs.pop(name) for name in MethodParams.names() if name in kwargs}
-        unknown = sorted(set(kwargs) - _LLAMA_KWARGS)
+        unknown = sorted(set(kwargs) - _LLAMA_KWARGS - set(RuntimeOptions.names()))
         if unknown:  # llama_cpp.Llama swallows unknown keywords; a typo should not pass silently
             raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         self.method_params = MethodParams.from_kwargs(method, method_values)
@@ -88,31 +70,23 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
 
         path = resolve_model_path(model_path)
         check_gguf(path)
-        for key in ("type_k", "type_v"):
-            if key in kwargs:
-                kwargs[key] = kv_type_id(kwargs[key])
-        check_kv_types(kwargs.get("type_k"), kwargs.get("type_v"), bool(kwargs.get("flash_attn", False)))
-        self.rpc_servers = rpc.parse_servers(rpc_servers)
+        options = RuntimeOptions.take(kwargs)
+        kwargs.update(options.llama_kwargs())
+        self.rpc_servers = options.rpc_servers
         self._model_devices = rpc.model_devices(self.rpc_servers) if self.rpc_servers else None
         vocab_only = bool(kwargs.get("vocab_only", False))  # a tokenizer: no context to run a method in
         if kwargs.get("embedding") and self.method_params.method != "vanilla" and not vocab_only:
             raise FarctxError(f"embedding=True runs no farctx method: llama_cpp.Llama embeds several sequences at "
                               f"once in one shared KV cache, and {self.method_params.method} keeps one stream per "
                               "sequence; embed with method='vanilla' (llama.cpp's own attention)")
-        fixed_cache = self.method_params.info.fixed_cache and not vocab_only
-        if fixed_cache:
-            # the method's cache (head + n_local + n_ubatch, not the length of the text) when n_ctx is unset; in a
-            # cache of the caller's size (a memory budget) the plan fits an unset ubatch, and an unset window, to it
-            n_train, window = context_and_window(path)
-            plan = context_plan(self.method_params, self.method_params.n_ctx_train or n_train, n_swa=window,
-                                n_ctx=int(kwargs.get("n_ctx") or 0), n_batch=kwargs.get("n_batch"),
-                                n_ubatch=kwargs.get("n_ubatch"))
-            kwargs["n_ctx"] = kwargs.get("n_ctx") or plan.n_ctx
-            kwargs.setdefault("n_ubatch", plan.n_ubatch)  # one given, even 0, is llama.cpp's to accept or refuse
-        kwargs.setdefault("verbose", False)
-        # models with sliding-window layers: their cache holds the window (+ a ubatch), as llama-server's
-        # default, not a copy of the whole context (llama.cpp's library default)
-        kwargs.setdefault("swa_full", False)
+        # the context plan decides the cells and the batches once llama_cpp.Llama has loaded the model (`_model`,
+        # below): n_ctx 0 is what the method needs for this model (a stream of n_prompt + n_predict tokens)
+        self._sizing = None if vocab_only else (options, n_prompt, n_predict)
+        self.plan: Optional[ContextPlan] = None
+        kwargs["n_ctx"] = options.n_ctx or _UNPLANNED
+        for key in ("n_batch", "n_ubatch"):
+            if getattr(options, key) is not None:
+                kwargs[key] = getattr(options, key)
         self._stream: Optional[Stream] = None
         _LOG.clear()
         _LOG.verbose = bool(kwargs["verbose"])
@@ -127,13 +101,17 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self._vocab_only = vocab_only
         if vocab_only:
             return
+        if self.plan is None:  # a llama_cpp.Llama that no longer loads its model into `_model`
+            self.close()
+            raise FarctxError("llama_cpp.Llama built its context before farctx could plan it: this version of "
+                              "llama-cpp-python is not the one farctx supports")
         try:
             self._stream = Stream(_N.llama_context_ptr(self._ctx.ctx), self.method_params, self._n_vocab)
         except FarctxError:
             self.close()
             raise
         self.method_params = self._stream.method
-        fitted = self._stream.fitted_window()
+        fitted = self._stream.fitted_window(self.plan.n_ubatch)
         if fitted:  # the caller's n_ctx as a memory budget: said once, and in stats()
             print(f"farctx: {fitted}", file=sys.stderr)
         # llama.cpp rounds the cache up (to 256 cells): size the token and score buffers to the real cache
@@ -142,10 +120,33 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
             self.input_ids = np.zeros(n_ctx, dtype=np.intc)
             if self._logits_all:
                 self.scores = np.zeros((n_ctx, self._n_vocab), dtype=np.single)
-        if fixed_cache:
+        if self.method_params.info.fixed_cache:
             # llama_cpp.Llama bounds prompts and generations by _n_ctx: here the stream is unbounded
             # (32-bit positions), only the cache is fixed
             self._n_ctx = _MAX_STREAM
+
+    # llama_cpp.Llama.__init__ loads the model into `_model`, then makes the context of `context_params`: the plan
+    # is asked in between, with the facts of the loaded model
+    @property
+    def _model(self) -> Any:
+        return self.__dict__.get("_loaded_model")
+
+    @_model.setter
+    def _model(self, model: Any) -> None:
+        self.__dict__["_loaded_model"] = model
+        sizing = self.__dict__.get("_sizing")
+        if model is None or sizing is None:
+            return
+        options, n_prompt, n_predict = sizing
+        self._sizing = None
+        plan = plan_for(self.method_params, ModelFacts.of(model.model), options, n_prompt=n_prompt,
+                        n_predict=n_predict)
+        self.plan = plan
+        # a batch size given as 0 is llama.cpp's to refuse (the plan reads 0 as unset)
+        self.n_batch = plan.n_batch if options.n_batch != 0 else 0
+        self.context_params.n_ctx = plan.n_ctx
+        self.context_params.n_batch = self.n_batch
+        self.context_params.n_ubatch = plan.n_ubatch if options.n_ubatch != 0 else 0
 
     # -- the token stream -------------------------------------------------------------------
 

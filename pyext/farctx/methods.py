@@ -226,33 +226,25 @@ def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
     return _method_params_class().from_kwargs(kwargs.get("method", "vanilla"), values)
 
 
-def llama_context_plan(model_path: Any, kwargs: dict[str, Any], n_prompt: int = 0, n_predict: int = 0,
-                       n_seq: int = 1) -> ContextPlan:
-    """context_plan for farctx.Llama's keyword arguments (`n_ctx`, `n_batch`, `n_ubatch`, the method's) and a model
-    file: the context of n_seq streams of n_prompt + n_predict tokens (0 and 0: of unknown length)."""
-    from .models import context_and_window, resolve_model_path
-
-    params = split_method_kwargs(kwargs)
-    n_train, window = context_and_window(resolve_model_path(model_path))
-    return context_plan(params, getattr(params, "n_ctx_train", 0) or n_train, n_swa=window,
-                        n_ctx=int(kwargs.get("n_ctx") or 0), n_batch=kwargs.get("n_batch"),
-                        n_ubatch=kwargs.get("n_ubatch"), n_seq=n_seq, n_prompt=n_prompt, n_predict=n_predict)
-
-
 def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
     """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
     (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
-    from .engine import load_model_params_only
+    from .context import LoadedModel, RuntimeOptions
     from .models import ModelInfo
 
     path = model.path if isinstance(model, ModelInfo) else model
-    with load_model_params_only(path) as (nat, c_model):
+    loaded = LoadedModel(path, RuntimeOptions())  # memory-mapped on the CPU: the weights are not read
+    try:
+        nat = _native()
+        c_model = nat.llama_model_ptr(loaded.model.model)
         err = nat.ffi.new("char[]", 512)
         result = {}
         for code in range(nat.lib.farctx_method_count()):
             name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
             rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
             result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
+    finally:
+        loaded.close()
     return result
 
 

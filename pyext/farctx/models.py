@@ -129,20 +129,6 @@ class ModelInfo:
         return asdict(self)
 
 
-def n_ctx_train(path: Path) -> int:
-    """The trained context a GGUF declares (0 if it does not)."""
-    meta = read_metadata(path)
-    return int(meta.get(f"{meta.get('general.architecture')}.context_length") or 0)
-
-
-def context_and_window(path: Path) -> tuple[int, int]:
-    """The trained context and the sliding window (of sliding-window layers) a GGUF declares (0: none),
-    from one read of its metadata."""
-    meta = read_metadata(path)
-    arch = meta.get("general.architecture")
-    return int(meta.get(f"{arch}.context_length") or 0), int(meta.get(f"{arch}.attention.sliding_window") or 0)
-
-
 def model_info(model_path: str | os.PathLike[str] | None = None) -> ModelInfo:
     path = resolve_model_path(model_path)
     meta = read_metadata(path)

@@ -152,15 +152,14 @@ class Stream:
         _lib.farctx_session_stats(self._session, s)
         return {name: int(getattr(s, name)) for name in STATS_FIELDS}
 
-    def fitted_window(self) -> Optional[str]:
-        """A line saying which window libfarctx fitted into a cache too small for the default one (n_local left
-        unset, the cache as a memory budget), else None."""
+    def fitted_window(self, n_ubatch: int) -> Optional[str]:
+        """A line saying which window the context plan fitted beside n_ubatch into a cache too small for the default
+        one (n_local left unset, the cache as a memory budget), else None."""
         st = self.stats()
         if not st["window_fitted"]:
             return None
         head = self.method.info.head
         head_part = f"{head} {getattr(self.method, head)} + " if head else ""
-        n_ubatch = st["n_ctx"] - st["n_local"] - (getattr(self.method, head) if head else 0)
         return (f"{self.method.method}: the KV cache of {st['n_ctx']} cells holds {head_part}n_local {st['n_local']} + "
                 f"n_ubatch {n_ubatch}: a window of {st['n_local']} tokens (n_local not set; the default, "
                 f"{st['n_ctx_train']}, does not fit)")

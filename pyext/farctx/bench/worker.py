@@ -29,15 +29,11 @@ def corpus(tokenize, n: int) -> list[int]:
 
 
 def open_farctx(model: str, method: str, length: int, n_gen: int, kwargs: dict):
-    """farctx.Llama for one measurement: the methods that keep the whole stream (vanilla too) get
-    libfarctx's cache for it, fixed-cache methods size their own."""
+    """farctx.Llama for one measurement: the plan's cache for a stream of length + n_gen tokens (the methods that
+    keep the whole stream, vanilla too; fixed-cache methods size their own)."""
     import farctx
 
-    from farctx.methods import fixed_cache, llama_context_plan
-
-    if not fixed_cache(method):
-        kwargs = {**kwargs, "n_ctx": llama_context_plan(model, {**kwargs, "method": method}, length, n_gen).n_ctx}
-    return farctx.Llama(model, method=method, **kwargs)
+    return farctx.Llama(model, method=method, n_prompt=length, n_predict=n_gen, **kwargs)
 
 
 def open_stock(model: str, kwargs: dict):

@@ -33,9 +33,10 @@ from llama_cpp.server.app import prepare_request_resources
 from sse_starlette.sse import EventSourceResponse
 
 from ..batch import SequenceBatch
+from ..context import LoadedModel, RuntimeOptions
 from ..errors import ContextSizeError, EmptyPromptError, FarctxError
-from ..methods import MethodParams, context_plan, split_method_kwargs
-from ..models import context_and_window, resolve_model_path
+from ..methods import MethodParams, split_method_kwargs
+from ..models import resolve_model_path
 from ..progress import Progress
 from ..stream import check_params, open_tokenizer
 from .job import Cancelled, Job
@@ -93,26 +94,28 @@ class Server:
         params = split_method_kwargs(kwargs)
         self.method = {"method": params.method, **{k: kwargs.pop(k) for k in MethodParams.names() if k in kwargs}}
         kwargs.pop("method", None)
-        n_ctx = int(kwargs.pop("n_ctx", 0) or 0)
-        kwargs.setdefault("verbose", False)
-        n_train, window = context_and_window(self.path)
-        self.n_ctx_train = params.n_ctx_train or n_train
-        # the slots' cache and batch sizes: the plan every surface asks (an unset ubatch fitted to a slot that -c
-        # leaves smaller than the method's default need)
-        plan = context_plan(params, self.n_ctx_train, n_swa=window, n_ctx=n_ctx, n_batch=kwargs.get("n_batch"),
-                            n_ubatch=kwargs.get("n_ubatch"), n_seq=self.n_parallel)
-        kwargs["n_batch"], kwargs["n_ubatch"] = plan.n_batch, plan.n_ubatch
-        n_ctx_seq = plan.n_ctx_seq
+        deterministic = bool(kwargs.pop("deterministic", False))
+        runtime = RuntimeOptions.take(kwargs)
+        if kwargs:
+            raise FarctxError(f"unexpected keyword argument(s): {', '.join(sorted(kwargs))}")
+        model = LoadedModel(self.path, runtime, deterministic=deterministic)
+        self.n_ctx_train = params.n_ctx_train or model.facts.n_ctx_train
+        try:
+            # the slots' cells and batch sizes: the plan every surface asks, with -c shared by the slots
+            plan = model.plan(params, n_seq=self.n_parallel)
+        except FarctxError:
+            model.close()
+            raise
+        self.batch = SequenceBatch.planned(model, plan, self.n_parallel)
         self.front = open_tokenizer(self.path)
         self.pieces = Pieces(self.front)
-        self.batch = SequenceBatch(self.path, n_seq=self.n_parallel, n_ctx_seq=n_ctx_seq, **kwargs)
         options = {k: v for k, v in self.method.items() if k != "method"}
         for seq in range(self.n_parallel):  # the server's method in every slot: a bad model fails at startup
             self.batch.open(seq, params.method, **options)
-        vocab = self.front._model.vocab
+        vocab = model.model.vocab
         lc = _llama_cpp()
         self.scheduler = Scheduler(self.batch, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
-                                   n_ctx_train=self.n_ctx_train, n_swa=window,
+                                   n_ctx_train=self.n_ctx_train, n_swa=model.facts.n_swa,
                                    is_eog=lambda token: bool(lc.llama_vocab_is_eog(vocab, token)))
         self.scheduler.start()
         resolved = self.batch.method(0)  # defaults resolved by libfarctx against the model
