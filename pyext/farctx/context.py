@@ -79,7 +79,7 @@ class RuntimeOptions:
         for name in ("n_threads", "type_k", "type_v", "tensor_split"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        if self.n_threads is not None:
+        if self.n_threads_batch is not None or self.n_threads is not None:
             out["n_threads_batch"] = self.n_threads_batch or self.n_threads  # llama.cpp's -t sets both
         return out
 
@@ -168,6 +168,7 @@ class LoadedModel:
         cparams.n_ubatch = min(n_ubatch, n_batch)
         if opts.n_threads:
             cparams.n_threads = opts.n_threads
+        if opts.n_threads_batch or opts.n_threads:
             cparams.n_threads_batch = opts.n_threads_batch or opts.n_threads
         cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn
                                    else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
