@@ -95,6 +95,9 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         except ValueError as exc:
             reason = _LOG.reason() or str(exc)
             raise FarctxError(f"llama.cpp could not load {path}: {reason}") from None
+        except FarctxError:
+            self.close()  # the plan refused the model llama_cpp.Llama had loaded: freed now, not at collection
+            raise
         rpc.hold(self, self.rpc_servers)
 
         self.progress = progress
