@@ -30,30 +30,38 @@ class SequenceBatch:
 
     def __init__(self, model_path: Optional[str] = None, *, n_seq: int, n_ctx_seq: int, **kwargs: Any) -> None:
         deterministic = bool(kwargs.pop("deterministic", False))
-        options = RuntimeOptions.take(kwargs)
-        if kwargs:
-            raise FarctxError(f"unexpected keyword argument(s): {', '.join(sorted(kwargs))}")
+        unknown = sorted(set(kwargs) - (set(RuntimeOptions.names()) - {"n_ctx"}))  # the cells are n_ctx_seq's
+        if unknown:
+            raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         if n_seq < 1 or n_ctx_seq < 1:
             raise FarctxError(f"n_seq ({n_seq}) and n_ctx_seq ({n_ctx_seq}) must be at least 1")
-        self._attach(LoadedModel(model_path, options, deterministic=deterministic), n_seq, n_seq * n_ctx_seq)
+        options = RuntimeOptions.take({**kwargs, "n_ctx": n_seq * n_ctx_seq})
+        model = LoadedModel(model_path, options, deterministic=deterministic)
+        try:
+            # the batch sizes of a context of the caller's cells: the plan's part that no method changes (each
+            # stream's method is checked against its cells when it is opened)
+            plan = model.plan(MethodParams.from_kwargs("vanilla", {}), n_seq=n_seq)
+        except FarctxError:
+            model.close()
+            raise
+        self._attach(model, plan, n_seq)
 
     @classmethod
     def planned(cls, model: LoadedModel, plan: ContextPlan, n_seq: int) -> "SequenceBatch":
         """n_seq streams on a loaded model, sized by its context plan (the server's slots); the batch owns the
         model from here."""
         batch = cls.__new__(cls)
-        batch._attach(model, n_seq, plan.n_ctx, plan.n_batch, plan.n_ubatch)
+        batch._attach(model, plan, n_seq)
         return batch
 
-    def _attach(self, model: LoadedModel, n_seq: int, n_ctx: int, n_batch: Optional[int] = None,
-                n_ubatch: Optional[int] = None) -> None:
+    def _attach(self, model: LoadedModel, plan: ContextPlan, n_seq: int) -> None:
         self._streams: list[Optional[Stream]] = [None] * n_seq
         self._loaded = model
         self.model_path = model.path
         self.rpc_servers = model.options.rpc_servers
         self.deterministic = model.deterministic
         try:
-            self._context = model.new_context(n_ctx, n_seq, n_batch, n_ubatch)
+            self._context = model.new_context(plan, n_seq)
         except FarctxError:
             model.close()
             raise

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 from . import rpc
 from .errors import FarctxError
 from .kv_types import check_kv_types, kv_type_id
-from .methods import ContextPlan, context_plan, default_batch_sizes
+from .methods import ContextPlan, context_plan
 from .models import check_gguf, resolve_model_path
 from .stream import LOG as _LOG
 from .stream import _N
@@ -108,6 +108,12 @@ def plan_for(params: Any, facts: ModelFacts, options: RuntimeOptions, *, n_seq: 
                         n_ubatch=options.n_ubatch, n_seq=n_seq, n_prompt=n_prompt, n_predict=n_predict)
 
 
+def batch_sizes(plan: ContextPlan, options: RuntimeOptions) -> tuple[int, int]:
+    """n_batch and n_ubatch to make a context with: the plan's, but a size given as 0 stays 0 for llama.cpp to
+    accept or refuse (the plan reads 0 as unset)."""
+    return (0 if options.n_batch == 0 else plan.n_batch), (0 if options.n_ubatch == 0 else plan.n_ubatch)
+
+
 class LoadedModel:
     """A model loaded once under `options` (llama-cpp-python's LlamaModel owns it), its facts, and its contexts.
 
@@ -147,25 +153,22 @@ class LoadedModel:
     def plan(self, params: Any, *, n_seq: int = 1, n_prompt: int = 0, n_predict: int = 0) -> ContextPlan:
         return plan_for(params, self.facts, self.options, n_seq=n_seq, n_prompt=n_prompt, n_predict=n_predict)
 
-    def new_context(self, n_ctx: int, n_seq: int, n_batch: Optional[int] = None,
-                    n_ubatch: Optional[int] = None) -> Any:
-        """A llama_context (llama-cpp-python's LlamaContext, freed with the model) of n_seq KV streams sharing
-        n_ctx cells; the batches given, else the options', else the plan's defaults."""
+    def new_context(self, plan: ContextPlan, n_seq: int) -> Any:
+        """A llama_context (llama-cpp-python's LlamaContext, freed with the model) of n_seq KV streams, made to
+        the plan."""
         lc = _N.llama_cpp
         opts = self.options
-        default_batch, default_ubatch = default_batch_sizes()
-        n_batch = next(n for n in (n_batch, opts.n_batch, default_batch) if n is not None)
-        n_ubatch = next(n for n in (n_ubatch, opts.n_ubatch, default_ubatch) if n is not None)
+        n_batch, n_ubatch = batch_sizes(plan, opts)
         if n_ubatch < 1 or n_batch < n_seq:
             # llama.cpp keeps an output row per sequence in a buffer of n_batch rows (it aborts past it)
             raise FarctxError(f"n_batch ({n_batch}) must be at least n_seq ({n_seq}) and n_ubatch ({n_ubatch}) "
                               "at least 1: each decode holds an output row per sequence")
         cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = plan.n_ctx
         cparams.n_seq_max = n_seq
         cparams.kv_unified = False  # one KV stream per sequence: the attention methods fill a mask per stream
         cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_ubatch, n_batch)
+        cparams.n_ubatch = n_ubatch
         if opts.n_threads:
             cparams.n_threads = opts.n_threads
         if opts.n_threads_batch or opts.n_threads:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import rpc
 from .errors import EmptyPromptError, FarctxError
-from .context import ModelFacts, RuntimeOptions, plan_for
+from .context import ModelFacts, RuntimeOptions, batch_sizes, plan_for
 from .grammar import check_grammar
 from .methods import ContextPlan, MethodParams
 from .models import check_gguf, resolve_model_path
@@ -145,11 +145,10 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         plan = plan_for(self.method_params, ModelFacts.of(model.model), options, n_prompt=n_prompt,
                         n_predict=n_predict)
         self.plan = plan
-        # a batch size given as 0 is llama.cpp's to refuse (the plan reads 0 as unset)
-        self.n_batch = plan.n_batch if options.n_batch != 0 else 0
+        self.n_batch, n_ubatch = batch_sizes(plan, options)
         self.context_params.n_ctx = plan.n_ctx
         self.context_params.n_batch = self.n_batch
-        self.context_params.n_ubatch = plan.n_ubatch if options.n_ubatch != 0 else 0
+        self.context_params.n_ubatch = n_ubatch
 
     # -- the token stream -------------------------------------------------------------------
 

@@ -182,12 +182,6 @@ def cache_cells(params: Any, n_ctx_train: int, n_ubatch: int, n_prompt: int = 0,
 # -- cache sizing: the one rule the CLI, eval, bench, server, chat and the llm plugin follow -------------------
 
 DEFAULT_GENERATION = 256  # cells kept for the answer when a request or a command sets no token limit
-def default_batch_sizes() -> tuple[int, int]:
-    """n_batch and n_ubatch when the caller sets none (libfarctx's FARCTX_N_BATCH_DEFAULT, FARCTX_N_UBATCH_DEFAULT)."""
-    lib = _native().lib
-    return int(lib.FARCTX_N_BATCH_DEFAULT), int(lib.FARCTX_N_UBATCH_DEFAULT)
-
-
 @dataclass(frozen=True)
 class ContextPlan:
     """What a context under a method holds (libfarctx's struct farctx_plan)."""
