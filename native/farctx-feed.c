@@ -43,7 +43,7 @@ static int32_t check_tokens(struct farctx_session * s, const int32_t * tokens, i
 static int32_t chunk_tokens(const struct farctx_session * s, int32_t n_left, int32_t n_max) {
     int32_t n = n_left < n_max ? n_left : n_max;
     if (s->ops->segment_end != NULL) {  /* one segment of the method per llama_decode */
-        const int64_t room = s->ops->segment_end(s, s->n_past) - s->n_past;
+        const int64_t room = s->ops->segment_end(s, s->n_past, n_left) - s->n_past;
         n = room < n ? (int32_t) room : n;
     }
     return n;

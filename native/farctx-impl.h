@@ -48,8 +48,9 @@ struct farctx_method_ops {
     int64_t (*first_needed)(const struct farctx_params * p, int64_t next_pos);
     /* a feed of n_tokens starts at s->n_past (NULL: nothing to do) */
     void    (*begin_feed)(struct farctx_session * s, int32_t n_tokens);
-    /* the position where the segment holding pos ends: a llama_decode never crosses it (NULL: none) */
-    int64_t (*segment_end)(const struct farctx_session * s, int64_t pos);
+    /* the position where the segment holding pos ends, n_left tokens still to feed: a llama_decode never crosses
+     * it (NULL: none) */
+    int64_t (*segment_end)(const struct farctx_session * s, int64_t pos, int32_t n_left);
     /* the graph settings of a batch of n_tokens at pos past the plain range (ex holds the method's) */
     void    (*batch_params)(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
                             struct llama_attn_extrap_params * ex);

@@ -12,9 +12,13 @@
  *   own chunk, and the previous one while unclamped:   j (as written)
  *   previous chunk, clamped:                          j mod s
  *   earlier chunks:                                   j mod s + chunk_size - c2 (j mod s with the defaults)
- * That layout follows the phase of the query (its chunk, and whether the previous chunk is clamped). A llama_decode
- * never crosses a phase boundary (segment_end), and the cache is rotated when the phase changes (before_decode):
- * twice per chunk while the stream grows, so every key is rotated at most twice.
+ * That layout follows the phase of the query (its chunk, and whether the previous chunk is clamped). The cache is
+ * rotated when the phase changes (before_decode): twice per chunk while the stream grows, so every key is rotated at
+ * most twice. A feed of fewer than COPY_MIN tokens (decoding) never crosses a phase boundary in a batch
+ * (segment_end). A longer one (a prompt; chunk_size <= 2s - 1, as the defaults) runs in whole ubatches: a batch
+ * that crosses phases holds the layout of its first query's phase, and its second segment reads a copy of the keys
+ * rotated per cell to where the queries' phases read them (use_seg2_k_delta, batch_params). The copy costs one RoPE
+ * of the cached keys per layer, which the batch's queries share.
  */
 #include "farctx-impl.h"
 
@@ -63,33 +67,93 @@ static int64_t main_first(const struct farctx_params * p, int64_t phase) {
     return first > 0 ? first : 0;
 }
 
+/* a feed of at least this many tokens crosses phases in one batch, its second segment read as a rotated copy (one Q
+ * tile of ggml's CPU flash attention: below it a RoPE of every cached key per layer costs more than the cut saves) */
+enum { COPY_MIN = 64 };
+
+/* where a rotated copy puts key j for queries of chunk ci: its second-segment position. With the defaults
+ * (chunk_size <= 2s - 1) every chunk's queries agree; otherwise a copy batch stays within one chunk */
+static int64_t copy_target(const struct farctx_params * p, int64_t ci, int64_t j) {
+    const int64_t s = stride(p), cj = j / s;
+    return j % s + (cj < ci - 1 ? p->chunk_size - inter_q(p) : 0);
+}
+
+/* row[c] = 0 for the cells c in [a, b), -inf elsewhere (a and b clamped to the row) */
+static void mask_run(float * row, int32_t n, int64_t a, int64_t b) {
+    a = a < 0 ? 0 : a > n ? n : a;
+    b = b < a ? a : b > n ? n : b;
+    for (int64_t c = 0; c < a; ++c) {
+        row[c] = -INFINITY;
+    }
+    for (int64_t c = a; c < b; ++c) {
+        row[c] = 0.0f;
+    }
+    for (int64_t c = b; c < n; ++c) {
+        row[c] = -INFINITY;
+    }
+}
+
+/* the cells in position order: cells [0, m) hold positions p0, p0 + 1, ... and the rest are empty (a stream fed in
+ * order, as farctx feeds it). Returns m and sets *p0, or returns -1 */
+static int32_t cells_in_order(const int32_t * kv_pos, int32_t n_kv, int64_t * p0) {
+    int32_t m = 0;
+    *p0 = n_kv > 0 ? kv_pos[0] : 0;
+    while (m < n_kv && kv_pos[m] >= 0 && kv_pos[m] == *p0 + m) {
+        ++m;
+    }
+    for (int32_t c = m; c < n_kv; ++c) {
+        if (kv_pos[c] >= 0) {
+            return -1;
+        }
+    }
+    return m;
+}
+
 static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
-    const int64_t phase = phase_of(p, ub->q_pos[0]);
-    if (phase != dca_of(s)->rot_phase || ub->n_seg2 != ub->n_kv || ub->seg2_k_delta != NULL) {
+    const struct farctx_dca * d = dca_of(s);
+    const bool copy = ub->seg2_k_delta != NULL;  /* batch_params: a prompt batch that may cross phases */
+    const int64_t i0 = ub->q_pos[0], ci0 = i0 / stride(p);
+    if (phase_of(p, i0) != d->rot_phase || ub->n_seg2 != ub->n_kv) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the cache or the attention settings do not match the query "
                             "at %d: feed the stream through farctx", ub->q_pos[0]);
         return 1;
     }
-    const int64_t lo = main_first(p, phase);
+    int64_t p0 = 0;
+    const int32_t m = cells_in_order(ub->kv_pos, ub->n_kv, &p0);
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
-        const int64_t i = ub->q_pos[t];
-        if (phase_of(p, i) != phase) {
+        const int64_t i = ub->q_pos[t], phase = phase_of(p, i);
+        const bool fits = copy ? (i / stride(p) == ci0 || p->chunk_size == inter_q(p)) : phase == d->rot_phase;
+        if (!fits) {
             s->fill_error = true;
-            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span two phases (positions %d "
-                                "and %lld): feed the stream through farctx", ub->q_pos[0], (long long) i);
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span two %s (positions %d "
+                                "and %lld): feed the stream through farctx", copy ? "chunks" : "phases",
+                                ub->q_pos[0], (long long) i);
             return 1;
         }
+        const int64_t lo = main_first(p, phase);
         float * row  = ub->mask      + (size_t) t * ub->n_kv;
         float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
-        for (int32_t c = 0; c < ub->n_kv; ++c) {
-            const int64_t j = ub->kv_pos[c];
-            row[c]  = (j >= lo && j <= i)           ? 0.0f : -INFINITY;
-            row2[c] = (j >= 0  && j < lo && j <= i) ? 0.0f : -INFINITY;
+        if (m >= 0) {  /* as runs of cells: positions [lo, i] and [0, lo), of those cached and up to i */
+            const int64_t upto = i + 1 < p0 + m ? i + 1 : p0 + m;
+            mask_run(row,  ub->n_kv, lo - p0, upto - p0);
+            mask_run(row2, ub->n_kv, -p0, (lo < upto ? lo : upto) - p0);
+        } else {
+            for (int32_t c = 0; c < ub->n_kv; ++c) {
+                const int64_t j = ub->kv_pos[c];
+                row[c]  = (j >= lo && j <= i)           ? 0.0f : -INFINITY;
+                row2[c] = (j >= 0  && j < lo && j <= i) ? 0.0f : -INFINITY;
+            }
         }
         ub->seg2_q_delta[t] = (int32_t) (p->chunk_size - i);
+    }
+    if (copy) {  /* each cached key from where the layout holds it to where the second segment reads it */
+        for (int32_t c = 0; c < ub->n_seg2; ++c) {
+            const int64_t j = ub->seg2_pos[c];
+            ub->seg2_k_delta[c] = j < 0 ? 0 : (int32_t) (copy_target(p, ci0, j) - (j + key_offset(p, d->rot_phase, j)));
+        }
     }
     return 0;
 }
@@ -130,10 +194,23 @@ static int64_t plain_below(const struct farctx_session * s) {
     return clamped < inter ? clamped : inter;
 }
 
-static int64_t segment_end(const struct farctx_session * s, int64_t pos) {
+/* with COPY_MIN or more tokens to feed, no end where every chunk's queries agree on the copy (copy_target: the
+ * defaults); otherwise the end of the phase (where they disagree, chunk_size > 2s - 1, the phases are the chunks) */
+static int64_t segment_end(const struct farctx_session * s, int64_t pos, int32_t n_left) {
     const struct farctx_params * p = &s->params;
     const int64_t c = stride(p), start = (pos / c) * c, clamp = start + p->local_window + 1;
+    if (n_left >= COPY_MIN && p->chunk_size == inter_q(p)) {
+        return INT64_MAX;
+    }
     return start > 0 && pos < clamp && clamp < start + c ? clamp : start + c;
+}
+
+/* the copy for a batch that crosses a phase (segment_end lets only a long feed's do); a batch within one phase
+ * reads the cache as it is */
+static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
+                         struct llama_attn_extrap_params * ex) {
+    const struct farctx_params * p = &s->params;
+    ex->use_seg2_k_delta = phase_of(p, pos) != phase_of(p, pos + n_tokens - 1);
 }
 
 static int32_t validate(const struct farctx_params * p, char * err, size_t err_size) {
@@ -186,6 +263,7 @@ const struct farctx_method_ops farctx_dca_ops = {
     .setup         = setup,
     .plain_below   = plain_below,
     .segment_end   = segment_end,
+    .batch_params  = batch_params,
     .before_decode = rotate_cache,
     .stats         = stats,
     .state_write   = state_write,

@@ -130,7 +130,8 @@ static int64_t stair_pos(int64_t j, int64_t S, int64_t E) {
     return j >= S ? j : (S - 1) - (S - 1 - j) / E;
 }
 
-static int64_t segment_end(const struct farctx_session * s, int64_t i) {
+static int64_t segment_end(const struct farctx_session * s, int64_t i, int32_t n_left) {
+    (void) n_left;
     const struct farctx_params * p = &s->params;
     const struct farctx_mesa * m = mesa_of(s);
     const int64_t F = p->first_chunk;

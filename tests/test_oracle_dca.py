@@ -131,3 +131,23 @@ def test_decode_over_more_than_512_cells(tiny_model, oracle):
                         method="dca", n_ctx=1024, **DCA)
     ref = oracle.logits(tokens, dca_rule(len(tokens), **DCA))
     tolerance(F16, F16, True).check(got[540:], ref[540:], "dca decode over 600 cells")
+
+
+def test_prompt_runs_in_whole_ubatches_across_phases(tiny_model, oracle):
+    """A feed of 64 tokens or more crosses phase boundaries inside one llama_decode (the queries past the first
+    one's phase read a rotated copy of the keys); a shorter one, and every generated token, stays within a phase.
+    90 prompt tokens in ubatches of 64 (s = 8, phases of 5 and 3 tokens): one decode of 64, then the 26 left cut at
+    their 6 phase boundaries, 8 decodes where cuts from the start would take 22. The stream equals the oracle."""
+    tokens = random_tokens(N_TOKENS, seed=23)
+    ref = oracle.logits(tokens, dca_rule(len(tokens), **DCA))
+    llm = farctx.Llama(str(tiny_model), method="dca", n_ctx=256, n_batch=64, n_ubatch=64, logits_all=True,
+                       type_k=F32, type_v=F32, **DCA)
+    try:
+        llm.eval(tokens[:N_PREFILL])
+        assert llm.stats()["n_decode"] == 8
+        for token in tokens[N_PREFILL:]:
+            llm.eval([token])
+        assert llm.stats()["n_decode"] == 8 + N_TOKENS - N_PREFILL
+        tolerance(F32, F32, False).check(np.array(llm.scores[:N_TOKENS], dtype=np.float64), ref, "dca whole ubatches")
+    finally:
+        llm.close()

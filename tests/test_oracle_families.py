@@ -151,6 +151,10 @@ def check_method(refs: References, family: str, method: str, kv: tuple[int, int,
                         flash_attn=fa, method=method, n_ctx=256, stats=stats, **THREADS, **case.params)
     what = f"{family} {method} {kv_id(kv)} ubatch {n_ubatch}"
     tol = family_tolerance(family, type_k, type_v, fa)
+    if method == "dca":
+        # dca rotates each cached key in place at most twice: a quantized K is rounded again each time
+        # (measured on llama-yarn, K Q8_0: 6.2% of the logit scale against the 6% bound of one rounding)
+        tol = decode_tolerance(tol, type_k, 2)
     if method != "mesa":
         tol.check(got, ref, what)
         return
