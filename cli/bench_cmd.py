@@ -49,7 +49,7 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
     """Prefill and decode tokens/s, KV bytes and RSS per method and length, as ratios to stock."""
     import farctx
     from farctx.bench.harness import bench as run_bench
-    from farctx.bench.harness import markdown_table, plot_bench, scaling, scaling_table
+    from farctx.bench.harness import markdown_table, plot_bench, scaling, scaling_table, vanilla_table
 
     path = str(farctx.model_info(model).path)
     info = farctx.model_info(path)
@@ -77,6 +77,9 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
     click.echo(f"model {Path(path).name} (n_ctx_train {info.n_ctx_train}); {desc}; medians of {reps}; "
                f"ratios against stock llama.cpp (vanilla, same pinned source, no patches) in the same run")
     click.echo(markdown_table(results))
+    if vanilla_table(results):
+        click.echo("\nagainst vanilla (farctx, the same cache), medians of the ratios of each round")
+        click.echo(vanilla_table(results))
     if len(set(r.length for r in results)) > 1:
         click.echo("\nscaling with length (least-squares exponent over the lengths run)")
         click.echo(scaling_table(results))

@@ -6,7 +6,7 @@ import json
 
 from helpers import run_cli
 
-from farctx.bench.harness import BenchResult, markdown_table, median, scaling, scaling_table
+from farctx.bench.harness import BenchResult, markdown_table, median, paired_ratio, scaling, scaling_table, vanilla_table
 
 
 def test_median_skips_missing_values():
@@ -24,7 +24,19 @@ def test_ratio_and_table():
     assert table[0].startswith("| method | length | prefill tok/s | vs stock |")
     assert table[2] == "| lminf | 4096 | 90.0 | 0.900 | 30.0 | - | 2.0 | 256 |"
     assert set(r.as_dict()) == {"method", "length", "prefill_tps", "decode_tps", "kv_bytes", "rss_bytes",
-                                "stock_prefill_tps", "stock_decode_tps"}
+                                "stock_prefill_tps", "stock_decode_tps", "vs_vanilla_prefill", "vs_vanilla_decode"}
+    assert vanilla_table([r]) == ""  # no vanilla in the run
+
+
+def test_paired_ratio_is_per_round():
+    """A machine that slows down in the second round moves both figures: the paired ratio sees 0.9 both times,
+    where the ratio of the medians would not."""
+    ours = [{"prefill_tps": 90.0}, {"prefill_tps": 45.0}, {"prefill_tps": None}]
+    base = [{"prefill_tps": 100.0}, {"prefill_tps": 50.0}, {"prefill_tps": 80.0}]
+    assert abs(paired_ratio(ours, base, "prefill_tps") - 0.9) < 1e-12
+    assert paired_ratio(ours, base, "decode_tps") is None
+    r = BenchResult("dca", 8192, 90.0, 30.0, 0, 0, None, None, vs_vanilla_prefill=0.9, vs_vanilla_decode=None)
+    assert vanilla_table([r]).splitlines()[2] == "| dca | 8192 | 0.900 | - |"
 
 
 def test_scaling_exponents():
@@ -52,6 +64,7 @@ def test_cli_bench_writes_the_contract(tmp_path, tiny_model):
         assert r["stock_prefill_tps"] > 0 and r["stock_decode_tps"] > 0  # stock ran in the same run
     assert "| lminf | 128 |" in result.stdout
     assert set(report["scaling"]) == {"vanilla", "lminf"} and "scaling with length" in result.stdout
+    assert all(r["vs_vanilla_prefill"] > 0 for r in rows) and "| lminf | 128 |" in result.stdout.split("against vanilla")[1]
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -27,6 +27,10 @@ class BenchResult:
     rss_bytes: int
     stock_prefill_tps: Optional[float]
     stock_decode_tps: Optional[float]
+    # with vanilla among the methods: the median over rounds of this method's figure over vanilla's in the same
+    # round (paired, so that a machine that speeds up or slows down between rounds moves both)
+    vs_vanilla_prefill: Optional[float] = None
+    vs_vanilla_decode: Optional[float] = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +68,11 @@ def _has_libllama(folder: Path) -> bool:
 def median(values: Sequence[Optional[float]]) -> Optional[float]:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
+
+
+def paired_ratio(samples: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]], key: str) -> Optional[float]:
+    """The median over rounds of samples[r][key] / base[r][key] (rounds where both are known)."""
+    return median([s[key] / b[key] if s.get(key) and b.get(key) else None for s, b in zip(samples, base)])
 
 
 def run_worker(model: str, method: str, length: int, n_gen: int, kwargs: dict[str, Any],
@@ -112,6 +121,7 @@ def bench(model: str, methods: Sequence[str], lengths: Sequence[int], reps: int,
         for length in lengths:
             samples = ours[(method, length)]
             base = [s for s in stock[length] if s]
+            vanilla = ours.get(("vanilla", length))
             results.append(BenchResult(
                 method=method, length=length,
                 prefill_tps=median([s["prefill_tps"] for s in samples]) or 0.0,
@@ -120,6 +130,8 @@ def bench(model: str, methods: Sequence[str], lengths: Sequence[int], reps: int,
                 rss_bytes=max(s["rss_bytes"] for s in samples),
                 stock_prefill_tps=median([s["prefill_tps"] for s in base]),
                 stock_decode_tps=median([s["decode_tps"] for s in base]),
+                vs_vanilla_prefill=paired_ratio(samples, vanilla, "prefill_tps") if vanilla else None,
+                vs_vanilla_decode=paired_ratio(samples, vanilla, "decode_tps") if vanilla else None,
             ))
     return results
 
@@ -167,6 +179,15 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
         for r in results
     ]
     return "\n".join([head, *rows])
+
+
+def vanilla_table(results: Sequence[BenchResult]) -> str:
+    """Each method against vanilla (farctx's, same cache) in the same rounds; empty without vanilla."""
+    rows = [f"| {r.method} | {r.length} | {_fmt(r.vs_vanilla_prefill, '.3f')} | {_fmt(r.vs_vanilla_decode, '.3f')} |"
+            for r in results if r.vs_vanilla_prefill is not None and r.method != "vanilla"]
+    if not rows:
+        return ""
+    return "\n".join(["| method | length | prefill vs vanilla | decode vs vanilla |", "|---|---:|---:|---:|", *rows])
 
 
 def plot_bench(results: Sequence[BenchResult], path: Path, title: str = "") -> None:
