@@ -135,11 +135,12 @@ def test_aligned_views_match_the_oracle():
     (Vulkan asserts on a misaligned view offset: a transposed V or a mask column view at cell kv_first),
     with the cells in between masked, and no segment merges by log-sum-exp. LLAMA_ATTN_EXTRAP_DEVICE_LAYOUT=1
     takes those paths on the CPU: the kv_first methods (lminf and streaming decoding, mesa's middle chunks
-    through the concatenation of both cell ranges) must still equal the oracle."""
+    through the concatenation of both cell ranges) must still equal the oracle, and so must dca, whose prompt
+    ubatches of 64 read a rotated copy through the two-segment softmax there."""
     here = Path(__file__).parent
-    tests = [str(here / "test_oracle_methods.py"), str(here / "test_oracle_mesa.py")]
+    tests = [str(here / "test_oracle_methods.py"), str(here / "test_oracle_mesa.py"), str(here / "test_oracle_dca.py")]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
-                          "-k", "(lminf or streaming) and -1] or mesa_matches and -7]"],
+                          "-k", "(lminf or streaming) and -1] or mesa_matches and -7] or dca_matches and -64]"],
                          env=dict(os.environ, **DEVICE_LAYOUT), capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
