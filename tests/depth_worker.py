@@ -68,7 +68,9 @@ def run(model: str, method: str, n_seq: int, kv: tuple[int, int, bool], streams:
                     n_prompt, tokens = toks[i]
                     if fed[i] == len(tokens):
                         continue
-                    whole = method == "mesa"  # Mesa's chunks follow from the prompt's length
+                    # Mesa's chunks follow from the prompt's length; dca's prompt of 64 tokens or more crosses
+                    # phases inside its ubatches (the rotated copy), pieces of PIECE tokens stop at each phase
+                    whole = method == "mesa" or (method == "dca" and i % 2 == 0)
                     n = (n_prompt if whole else min(PIECE, n_prompt - fed[i])) if fed[i] < n_prompt else 1
                     feeds[seqs[i]] = tokens[fed[i] : fed[i] + n]
                 if not feeds:
