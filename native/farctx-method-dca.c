@@ -71,13 +71,6 @@ static int64_t main_first(const struct farctx_params * p, int64_t phase) {
  * tile of ggml's CPU flash attention: below it a RoPE of every cached key per layer costs more than the cut saves) */
 enum { COPY_MIN = 64 };
 
-/* where a rotated copy puts key j for queries of chunk ci: its second-segment position. With the defaults
- * (chunk_size <= 2s - 1) every chunk's queries agree; otherwise a copy batch stays within one chunk */
-static int64_t copy_target(const struct farctx_params * p, int64_t ci, int64_t j) {
-    const int64_t s = stride(p), cj = j / s;
-    return j % s + (cj < ci - 1 ? p->chunk_size - inter_q(p) : 0);
-}
-
 /* row[c] = 0 for the cells c in [a, b), -inf elsewhere (a and b clamped to the row) */
 static void mask_run(float * row, int32_t n, int64_t a, int64_t b) {
     a = a < 0 ? 0 : a > n ? n : a;
@@ -113,9 +106,11 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
     const struct farctx_dca * d = dca_of(s);
-    const bool copy = ub->seg2_k_delta != NULL;  /* batch_params: a prompt batch that may cross phases */
-    const int64_t i0 = ub->q_pos[0], ci0 = i0 / stride(p);
-    if (phase_of(p, i0) != d->rot_phase || ub->n_seg2 != ub->n_kv) {
+    /* batch_params: a prompt batch that crosses phases, its second segment a copy of the keys at j mod s: where the
+     * earlier chunks' query is chunk_size (chunk_size <= 2s - 1), the only case with a phase inside a chunk */
+    const bool copy = ub->seg2_k_delta != NULL;
+    if (phase_of(p, ub->q_pos[0]) != d->rot_phase || ub->n_seg2 != ub->n_kv ||
+            (copy && p->chunk_size != inter_q(p))) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the cache or the attention settings do not match the query "
                             "at %d: feed the stream through farctx", ub->q_pos[0]);
@@ -125,12 +120,10 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     const int32_t m = cells_in_order(ub->kv_pos, ub->n_kv, &p0);
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int64_t i = ub->q_pos[t], phase = phase_of(p, i);
-        const bool fits = copy ? (i / stride(p) == ci0 || p->chunk_size == inter_q(p)) : phase == d->rot_phase;
-        if (!fits) {
+        if (!copy && phase != d->rot_phase) {
             s->fill_error = true;
-            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span two %s (positions %d "
-                                "and %lld): feed the stream through farctx", copy ? "chunks" : "phases",
-                                ub->q_pos[0], (long long) i);
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span two phases (positions %d "
+                                "and %lld): feed the stream through farctx", ub->q_pos[0], (long long) i);
             return 1;
         }
         const int64_t lo = main_first(p, phase);
@@ -152,7 +145,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     if (copy) {  /* each cached key from where the layout holds it to where the second segment reads it */
         for (int32_t c = 0; c < ub->n_seg2; ++c) {
             const int64_t j = ub->seg2_pos[c];
-            ub->seg2_k_delta[c] = j < 0 ? 0 : (int32_t) (copy_target(p, ci0, j) - (j + key_offset(p, d->rot_phase, j)));
+            ub->seg2_k_delta[c] = j < 0 ? 0 : (int32_t) (j % stride(p) - (j + key_offset(p, d->rot_phase, j)));
         }
     }
     return 0;
@@ -194,8 +187,8 @@ static int64_t plain_below(const struct farctx_session * s) {
     return clamped < inter ? clamped : inter;
 }
 
-/* with COPY_MIN or more tokens to feed, no end where every chunk's queries agree on the copy (copy_target: the
- * defaults); otherwise the end of the phase (where they disagree, chunk_size > 2s - 1, the phases are the chunks) */
+/* with COPY_MIN or more tokens to feed, no end where the copy serves every query (chunk_size <= 2s - 1: the
+ * defaults); otherwise the end of the phase (with chunk_size > 2s - 1 the phases are the chunks) */
 static int64_t segment_end(const struct farctx_session * s, int64_t pos, int32_t n_left) {
     const struct farctx_params * p = &s->params;
     const int64_t c = stride(p), start = (pos / c) * c, clamp = start + p->local_window + 1;
