@@ -140,81 +140,219 @@ def ppl(model: Optional[str], file: Optional[str], methods: str, lengths: str, w
                    plot_path)
 
 
-@eval_group.command()
-@model_option()
-@click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods, or all")
-@click.option("--lengths", default="1k,2k", show_default=True, help="prompt lengths (k = 1024)")
-@click.option("--depths", default=None, help="comma-separated depths in [0, 1] (default: random per sample)")
-@click.option("--samples", type=click.IntRange(1), default=5, show_default=True, help="samples per length and depth")
-@click.option("--haystack", default=None, metavar="FILE",
-              help="paragraphs of this document as the filler instead of the repeated sentences "
-                   "(austen:NOVEL for one of Jane Austen's novels, e.g. austen:emma)")
-@click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--json", "json_path", default=None, metavar="FILE", help="write the results as JSON (- for stdout)")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="write a PNG plot")
-@runtime_options()
-@method_options(with_method=False)
-def passkey(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int,
-            haystack: Optional[str], seed: int, json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
-    """Passkey retrieval accuracy per method, length (and depth)."""
-    import farctx
-    from farctx.eval.passkey import ANSWER_TOKENS, haystack_paragraphs, passkey_of_method
-    from farctx.eval.plots import plot_passkey
+def parse_depths(text: Optional[str]) -> list[Optional[float]]:
+    """'0.1,0.5,0.9' -> [0.1, 0.5, 0.9]; None or 'random' -> [None] (a random depth per sample)."""
+    if text is None or text.strip().lower() == "random":
+        return [None]
+    try:
+        depths = [float(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise click.BadParameter(f"'{text}' is not a list of numbers", param_hint="--depths") from None
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise click.BadParameter("depths are between 0 and 1", param_hint="--depths")
+    return list(dict.fromkeys(depths))
 
-    method_list = parse_methods(methods)
-    paragraphs: Optional[list[str]] = None
-    filler = "repeated sentences"
-    if haystack is not None:
-        if haystack.startswith("austen:"):
-            from farctx.eval.data import austen
 
-            paragraphs = haystack_paragraphs(austen(haystack.split(":", 1)[1]))
-        else:
-            path = Path(haystack)
-            if not path.is_file():
-                raise click.BadParameter(f"no such file: {haystack}", param_hint="--haystack")
-            paragraphs = haystack_paragraphs(path.read_text(encoding="utf-8", errors="replace"))
-        if not paragraphs:
-            raise click.BadParameter(f"{haystack} has no text", param_hint="--haystack")
-        filler = (f"paragraphs of {haystack} ({len(paragraphs)}), from a paragraph each sample's seed picks; "
-                  "the needle at the sentence boundary nearest its depth")
-    length_list = sorted(set(parse_lengths(lengths)))
-    depth_list: list[Optional[float]] = [None]
-    if depths:
+def _niah_command(name: str, summary: str, defaults: dict[str, Any]) -> Any:
+    """`farctx eval niah` and `farctx eval passkey`: one sampler and one runner, with their own defaults."""
+    from farctx.eval.niah import KIND_NAMES, PLACEMENTS, QUESTIONS
+
+    def command(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int, kind: str,
+                haystack: str, placement: str, digits: int, question: str, chat: bool, distractors: int, seed: int,
+                threshold: float, absolute: bool, json_path: Optional[str], plot_path: Optional[str],
+                report_only: bool, **opts: Any) -> None:
+        from farctx.eval.niah import Protocol
+
         try:
-            depth_list = [float(d) for d in depths.split(",") if d.strip()]
-        except ValueError:
-            raise click.BadParameter(f"'{depths}' is not a list of numbers", param_hint="--depths") from None
-        if any(not 0.0 <= d <= 1.0 for d in depth_list):  # type: ignore[operator]
-            raise click.BadParameter("depths are between 0 and 1", param_hint="--depths")
+            protocol = Protocol(kind=kind, haystack=haystack, placement=placement, digits=digits, question=question,
+                                chat=chat, distractors=distractors)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        run_niah(model, parse_methods(methods), sorted(set(parse_lengths(lengths))), parse_depths(depths), samples,
+                 protocol, seed, threshold, absolute, json_path, plot_path, report_only, opts)
+
+    command.__doc__ = summary
+    decorators = [
+        eval_group.command(name=name),
+        model_option(),
+        click.option("--methods", "--method", "methods", default="vanilla", show_default=True,
+                     help="comma-separated methods, or all"),
+        click.option("--lengths", default=defaults["lengths"], show_default=True,
+                     help="lengths (k = 1024): each prompt and its answer fit in its length"),
+        click.option("--depths", default=defaults["depths"], show_default=True,
+                     help="comma-separated needle depths in [0, 1], or random (one per sample)"),
+        click.option("--samples", type=click.IntRange(1), default=defaults["samples"], show_default=True,
+                     help="samples per length and depth"),
+        click.option("--kind", type=click.Choice(KIND_NAMES), default=defaults["kind"], show_default=True,
+                     help="the needle: a pass key, a word's number (RULER niah_single_2), or one word's number among "
+                          "distractors (RULER niah_multikey_1)"),
+        click.option("--haystack", default=defaults["haystack"], show_default=True, metavar="TEXT",
+                     help="the filler: austen:NOVEL, shakespeare:NAME, a file, or repeat (the LM-Infinite passkey's "
+                          "repeated sentences)"),
+        click.option("--placement", type=click.Choice(PLACEMENTS), default=defaults["placement"], show_default=True,
+                     help="the needle on a line of its own, or inline, at the sentence boundary nearest its depth"),
+        click.option("--digits", type=click.IntRange(1, 12), default=defaults["digits"], show_default=True,
+                     help="digits of the key"),
+        click.option("--question", type=click.Choice(QUESTIONS), default="cue", show_default=True,
+                     help="cue: the question then the answer's start ('... The pass key is'); bare: the question alone"),
+        click.option("--chat/--raw", default=False, show_default=True,
+                     help="the document and the question as a user message of the model's chat template, or raw text"),
+        click.option("--distractors", type=click.IntRange(0), default=3, show_default=True,
+                     help="multikey: needles of the same form with other words"),
+        click.option("--seed", type=int, default=1, show_default=True),
+        click.option("--threshold", type=click.FloatRange(0.0, 1.0), default=0.85, show_default=True,
+                     help="effective length: the longest length at or above this fraction of the method's own "
+                          "accuracy at its trained context (with --absolute: this accuracy)"),
+        click.option("--absolute", is_flag=True, help="--threshold is an accuracy, not a fraction of the 1x score"),
+        click.option("--json", "json_path", default=None, metavar="FILE",
+                     help="every sample and the summary as JSON; a run given an existing file resumes it (- for stdout)"),
+        click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="a heat map per method"),
+        click.option("--report-only", is_flag=True,
+                     help="run nothing: the table, effective lengths and plot of what --json holds (a cell not run: -)"),
+        runtime_options(),
+        method_options(with_method=False),
+    ]
+    for d in reversed(decorators[1:]):
+        command = d(command)
+    return decorators[0](command)
+
+
+def run_niah(model: Optional[str], method_list: list[str], length_list: list[int], depth_list: list[Optional[float]],
+             samples: int, protocol: Any, seed: int, threshold: float, absolute: bool, json_path: Optional[str],
+             plot_path: Optional[str], report_only: bool, opts: dict[str, Any]) -> None:
+    import farctx
+    from farctx.errors import FarctxError
+    from farctx.eval.data import long_text
+    from farctx.eval.niah import (FILLER, REPEAT, GridFile, Sampler, chat_formatter, effective_length,
+                                  haystack_paragraphs, length_accuracy, plan_order, run_cells, summarize)
+    from farctx.eval.plots import plot_niah
+
     base = _method_keys(opts)
     info = farctx.model_info(model)
-    results = []
+    if protocol.haystack == REPEAT:
+        paragraphs, source = [FILLER], "the repeated sentences of the LM-Infinite passkey"
+    else:
+        try:
+            text, source = long_text(protocol.haystack)
+        except FarctxError as exc:
+            raise click.BadParameter(str(exc), param_hint="--haystack") from None
+        paragraphs = haystack_paragraphs(text)
+        if not paragraphs:
+            raise click.BadParameter(f"{protocol.haystack} has no text", param_hint="--haystack")
+    vocab = farctx.Llama(model, vocab_only=True)  # the tokenizer: no weights, no context
+
+    def tokenize(text: str) -> list[int]:
+        return vocab.tokenize(text.encode("utf-8"), special=True)
+
+    fmt = chat_formatter(vocab) if protocol.chat else None
+    if protocol.chat and fmt is None:
+        raise click.BadParameter(f"{Path(info.path).name} has no chat template", param_hint="--chat")
+    sampler = Sampler(protocol, paragraphs, lambda t: len(tokenize(t)), seed, fmt)
+    try:
+        sampler.filler(min(length_list))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lengths") from None
+    path = None if json_path in (None, "-") else Path(json_path)
+    if report_only and (path is None or not path.is_file()):
+        raise click.BadParameter("--report-only reads the grid of an existing --json FILE", param_hint="--json")
+    header = {"model": Path(info.path).name, "n_ctx_train": info.n_ctx_train, "protocol": protocol.as_dict(),
+              "protocol_text": protocol.describe(), "haystack_source": source, "seed": seed, "methods": {}}
+    try:
+        grid = GridFile.open(path, header)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--json") from None
+    done = grid.done()
+    order = plan_order(length_list, depth_list, samples)
     started = time.monotonic()
-    for method in method_list:
-        llm = _make_llm(model, method, max(length_list) + ANSWER_TOKENS + 1, base)
+    reserve = sampler.answer_tokens + 1
+    for method in [] if report_only else method_list:
+        cells = [c for c in order if (method, *c) not in done]
+        click.echo(f"farctx: niah {method}: {len(order) - len(cells)} of {len(order)} samples already in "
+                   f"{json_path}" if path and len(cells) < len(order) else f"farctx: niah {method}: "
+                   f"{len(order)} samples", err=True)
+        if not cells:
+            continue
+        llm = _make_llm(model, method, max(length_list) + reserve, base)
+        try:
+            grid.set_method(method, llm.method_params.describe())
+        except ValueError as exc:
+            llm.close()
+            raise click.BadParameter(str(exc), param_hint="--json") from None
 
         def show(r: Any) -> None:
-            depth = "random" if r.depth is None else f"{r.depth:.2f}"
-            click.echo(f"farctx: {r.method:<12} length {r.length:>7} depth {depth}: {r.accuracy:.2f}", err=True)
+            grid.add(r)
+            where = "random" if r.depth is None else f"{r.depth:.2f}"
+            click.echo(f"farctx: niah {r.method:<10} {r.length:>6} depth {where:>6} #{r.index}: "
+                       f"{'right' if r.correct else 'wrong'} {r.answer!r} (key {r.key}; read {r.prompt_read} of "
+                       f"{r.prompt_tokens} prompt tokens, {r.seconds:.0f} s)", err=True)
 
-        results += passkey_of_method(llm, length_list, depth_list, samples, seed, on_result=show, haystack=paragraphs)
-        llm.close()
+        try:
+            run_cells(llm, sampler, method, cells, tokenize, show)
+        finally:
+            llm.close()
+    vocab.close()
     elapsed = time.monotonic() - started
-    payload = {"model": info.path, "n_ctx_train": info.n_ctx_train, "filler": filler, "seconds": round(elapsed, 1),
-               "results": [r.as_dict() for r in results]}
-    if json_path != "-":
-        click.echo(f"passkey retrieval, filler: {filler}; {samples} samples per cell, seed {seed}; model n_ctx_train "
-                   f"{info.n_ctx_train}; {elapsed:.0f} s")
-        click.echo(f"| {'method':<12} | {'depth':>6} | " + " | ".join(f"{x:>7}" for x in length_list) + " |")
+    records = [r for r in grid.records if r.method in method_list and r.length in length_list
+               and r.depth in depth_list and r.index < samples]
+    effective = {m: effective_length(records, m, info.n_ctx_train, threshold, absolute) for m in method_list}
+    total = sum(r.prompt_tokens for r in records)
+    read = sum(r.prompt_read for r in records)
+    extra = {"effective_length": {m: vars(e) for m, e in effective.items()},
+             "threshold": {"value": threshold, "absolute": absolute},
+             "prompt_tokens": total, "prompt_tokens_read": read}
+    grid.write(extra)
+    if json_path == "-":
+        click.echo(json.dumps(grid.payload(extra), indent=1))
+    else:
+        click.echo(f"needle in a haystack: {protocol.describe()}; {samples} samples per cell, seed {seed}; "
+                   f"model {Path(info.path).name}, n_ctx_train {info.n_ctx_train}; {elapsed:.0f} s")
+        saved = f"{100.0 * (1 - read / total):.0f}%" if total else "-"
+        click.echo(f"prompt tokens: {total} in all, {read} read (the shared prefixes saved {saved})")
+        head = " | ".join(f"{n:>9}" + ("*" if n <= info.n_ctx_train else " ") for n in length_list)
+        click.echo(f"| {'method':<12} | {'depth':>6} | {head} |")
+        click.echo("|" + "-" * 14 + "|" + "-" * 8 + "|" + "|".join("-" * 12 for _ in length_list) + "|")
+        cells_by = {(c.method, c.length, c.depth): c for c in summarize(records)}
+
+        def fmt_cell(correct: int, n: int) -> str:
+            return f"{correct / n:.2f} {correct}/{n}" if n else "-"
+
         for method in method_list:
             for depth in depth_list:
-                row = {r.length: r.accuracy for r in results if r.method == method and r.depth == depth}
+                row = []
+                for n in length_list:
+                    c = cells_by.get((method, n, depth))
+                    row.append(f"{fmt_cell(c.correct, c.n) if c else '-':>10}")
                 label = "random" if depth is None else f"{depth:.2f}"
-                click.echo(f"| {method:<12} | {label:>6} | " + " | ".join(f"{row[x]:>7.2f}" for x in length_list) + " |")
-    _write_outputs(payload, json_path, lambda p: plot_passkey(results, info.n_ctx_train, p, Path(info.path).name),
-                   plot_path)
+                click.echo(f"| {method:<12} | {label:>6} | " + " | ".join(row) + " |")
+            if len(depth_list) > 1:
+                by_length = length_accuracy(records, method)
+                row = [f"{fmt_cell(*by_length[n]) if n in by_length else '-':>10}" for n in length_list]
+                click.echo(f"| {method:<12} | {'all':>6} | " + " | ".join(row) + " |")
+        click.echo(f"* inside the trained context ({info.n_ctx_train})")
+        kind = "accuracy" if absolute else "of the method's own accuracy at its trained context"
+        click.echo(f"effective length (the longest length with every length up to it at or above {threshold:g} {kind}):")
+        for method, e in effective.items():
+            if e.reference is None and not absolute:
+                click.echo(f"  {method:<12} -: no length inside the trained context to take its score from")
+                continue
+            where = "no length" if e.length is None else str(e.length)
+            ref = "" if e.reference is None else f" (reference: {e.reference})"
+            click.echo(f"  {method:<12} {where:>8}  threshold {e.threshold:.2f}{ref}")
+    if plot_path:
+        plot_niah(summarize(records), info.n_ctx_train, Path(plot_path), effective,
+                  f"{Path(info.path).name}: {protocol.kind}, {protocol.haystack}")
     sys.stdout.flush()
+
+
+niah = _niah_command(
+    "niah", "Needle in a haystack: accuracy per method, length and depth, every answer kept, the effective length.",
+    {"kind": "passkey", "haystack": "austen:emma", "placement": "line", "digits": 5, "depths": "0.1,0.5,0.9",
+     "samples": 3, "lengths": "4k,8k,16k"})
+passkey = _niah_command(
+    "passkey", "Passkey retrieval (the LM-Infinite protocol: repeated sentences, a 7-digit key): `eval niah` with "
+    "these defaults.",
+    {"kind": "passkey", "haystack": "repeat", "placement": "inline", "digits": 7, "depths": "random", "samples": 5,
+     "lengths": "1k,2k"})
 
 
 def parse_layers(text: Optional[str], n_layer: int) -> Optional[list[int]]:

