@@ -65,7 +65,10 @@ def _count_tokens(model: str | None, text: str) -> int:
     """Tokens of the prompt, from a vocabulary-only load of the model."""
     import farctx
     from farctx.models import resolve_model_path
-    from farctx.stream import LOG, open_tokenizer
+    from farctx._native import llama_log
+    from farctx.stream import open_tokenizer
+
+    LOG = llama_log()
 
     farctx.model_info(model)  # a clear error for a bad file before llama.cpp opens it
     path = resolve_model_path(model)

@@ -161,3 +161,23 @@ def test_info_reports_c_refusal(refused_model):
 def test_info_on_a_supported_model(tiny_model):
     assert set(_c_support(tiny_model).values()) == {""}
     assert set(farctx.method_support(tiny_model).values()) == {"yes"}
+
+
+def test_the_package_has_no_import_circle():
+    """methods.py is a table that imports nothing back from the package but its errors and the native handle; the
+    modules that own models and contexts reach libfarctx through _native, not through another module's privates."""
+    import ast
+
+    root = Path(farctx.__file__).parent
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        return {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+
+    assert imports("methods") <= {"errors", "_native"}
+    assert "stream" not in imports("context")
+    for name in ("engine", "batch"):  # they drive streams, but take the native handle from _native
+        tree = ast.parse((root / f"{name}.py").read_text())
+        from_stream = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "stream"
+                       for a in n.names}
+        assert not {a for a in from_stream if a.startswith("_") or a == "LOG"}, (name, from_stream)

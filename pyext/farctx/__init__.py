@@ -40,7 +40,11 @@ def __getattr__(name: str) -> Any:
         from .engine import Llama
 
         return Llama
-    if name in ("METHODS", "MethodParams", "method_support", "native_mesa_schedule"):
+    if name == "method_support":
+        from .context import method_support
+
+        return method_support
+    if name in ("METHODS", "MethodParams", "native_mesa_schedule"):
         from . import methods
 
         return getattr(methods, name)

@@ -54,3 +54,11 @@ class Native:
 @lru_cache(maxsize=1)
 def native() -> Native:
     return Native()
+
+
+@lru_cache(maxsize=1)
+def llama_log() -> Any:
+    """llama.cpp's log receiver (farctx._log.LlamaLog), installed once per process."""
+    from ._log import LlamaLog
+
+    return LlamaLog(native().llama_cpp)

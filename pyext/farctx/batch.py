@@ -16,7 +16,10 @@ import numpy as np
 from .context import LoadedModel, RuntimeOptions
 from .errors import FarctxError
 from .methods import ContextPlan, MethodParams
-from .stream import Stream, _N, feed_together
+from ._native import native
+from .stream import Stream, feed_together
+
+_N = native()
 
 
 class SequenceBatch:

@@ -11,6 +11,7 @@ decides a size: libfarctx's context plan does (`farctx.methods.context_plan`).
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
@@ -18,9 +19,11 @@ from . import rpc
 from .errors import FarctxError
 from .kv_types import check_kv_types, kv_type_id
 from .methods import ContextPlan, context_plan
-from .models import check_gguf, resolve_model_path
-from .stream import LOG as _LOG
-from .stream import _N
+from .models import ModelInfo, check_gguf, resolve_model_path
+from ._native import llama_log, native
+
+_N = native()
+_LOG = llama_log()
 
 
 @dataclass
@@ -210,3 +213,22 @@ def _batch_invariant(ctx: Any) -> bool:
     fn = lib.llama_set_batch_invariant
     fn.restype, fn.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_bool]
     return bool(fn(ctx, True))
+
+
+def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
+    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
+    path = model.path if isinstance(model, ModelInfo) else model
+    loaded = LoadedModel(path, RuntimeOptions())  # memory-mapped on the CPU: the weights are not read
+    try:
+        nat = _N
+        c_model = nat.llama_model_ptr(loaded.model.model)
+        err = nat.ffi.new("char[]", 512)
+        result = {}
+        for code in range(nat.lib.farctx_method_count()):
+            name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
+            rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
+            result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
+    finally:
+        loaded.close()
+    return result

@@ -20,8 +20,11 @@ from .context import ModelFacts, RuntimeOptions, batch_sizes, plan_for
 from .grammar import check_grammar
 from .methods import ContextPlan, MethodParams
 from .models import check_gguf, resolve_model_path
-from .stream import LOG as _LOG
-from .stream import ProgressFn, Stream, check_params, _N
+from ._native import llama_log, native
+from .stream import ProgressFn, Stream, check_params
+
+_N = native()
+_LOG = llama_log()
 
 _LLAMA_KWARGS = {
     name

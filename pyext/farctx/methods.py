@@ -8,15 +8,11 @@ built from `farctx_method_get_info` / `farctx_param_get_info`, and cache sizes c
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, fields, make_dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .errors import FarctxError
-
-if TYPE_CHECKING:
-    from .models import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -218,28 +214,6 @@ def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
     names = set(_method_params_class().names())
     values = {k: v for k, v in kwargs.items() if k in names}
     return _method_params_class().from_kwargs(kwargs.get("method", "vanilla"), values)
-
-
-def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
-    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
-    from .context import LoadedModel, RuntimeOptions
-    from .models import ModelInfo
-
-    path = model.path if isinstance(model, ModelInfo) else model
-    loaded = LoadedModel(path, RuntimeOptions())  # memory-mapped on the CPU: the weights are not read
-    try:
-        nat = _native()
-        c_model = nat.llama_model_ptr(loaded.model.model)
-        err = nat.ffi.new("char[]", 512)
-        result = {}
-        for code in range(nat.lib.farctx_method_count()):
-            name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
-            rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
-            result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
-    finally:
-        loaded.close()
-    return result
 
 
 def native_mesa_schedule(n: int, **params: int) -> tuple[bool, int, int]:

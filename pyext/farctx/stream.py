@@ -14,13 +14,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ._log import LlamaLog
-from ._native import native
+from ._native import llama_log, native
 from .errors import FarctxError, NoSpaceError
 
 _N = native()
 _ffi, _lib = _N.ffi, _N.lib
-LOG = LlamaLog(_N.llama_cpp)
+llama_log()  # installed before any model loads
 
 # progress(n_done, n_total) -> None; raise to cancel the feed (the exception comes out of it)
 ProgressFn = Callable[[int, int], None]
