@@ -11,14 +11,16 @@ cd "$root"
 out=bench/results/niah
 mkdir -p "$out"
 json=$out/grid-SmolLM2-135M-Instruct.json
-common=(--depths 0.1,0.5,0.9 -t "${THREADS:-2}" -fa on --json "$json")
+# the default protocol (docs/evaluation.md), spelled out so that the grid stays one protocol if a default changes
+protocol=(--kind word-value --haystack austen:emma --placement line --digits 5 --question cue --chat --seed 1)
+common=("${protocol[@]}" --depths 0.1,0.5,0.9 -t "${THREADS:-2}" -fa on --json "$json")
 niah() { .venv/bin/farctx eval niah "$@" "${common[@]}" > /dev/null 2>> "$out/grid-log.txt"; }
 stage() {  # number, methods, lengths, samples [depths]
     case ",${STAGES:-1,2,3,4,5,6}," in *",$1,"*) ;; *) return 0;; esac
     echo "$(date -u +%H:%M:%S) stage $1: $2 at $3, $4 per cell" >> "$out/grid-log.txt"
     if [ -n "${5:-}" ]; then
-        .venv/bin/farctx eval niah --methods "$2" --lengths "$3" --samples "$4" --depths "$5" -t "${THREADS:-2}" \
-            -fa on --json "$json" > /dev/null 2>> "$out/grid-log.txt"
+        .venv/bin/farctx eval niah --methods "$2" --lengths "$3" --samples "$4" "${protocol[@]}" --depths "$5" \
+            -t "${THREADS:-2}" -fa on --json "$json" > /dev/null 2>> "$out/grid-log.txt"
     else
         niah --methods "$2" --lengths "$3" --samples "$4"
     fi

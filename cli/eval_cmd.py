@@ -158,11 +158,14 @@ def _niah_command(name: str, summary: str, defaults: dict[str, Any]) -> Any:
     from farctx.eval.niah import KIND_NAMES, PLACEMENTS, QUESTIONS
 
     def command(model: Optional[str], methods: str, lengths: str, depths: Optional[str], samples: int, kind: str,
-                haystack: str, placement: str, digits: int, question: str, chat: bool, distractors: int, seed: int,
+                haystack: str, placement: str, digits: int, question: str, chat: Optional[bool], distractors: int,
+                seed: int,
                 threshold: float, absolute: bool, json_path: Optional[str], plot_path: Optional[str],
                 report_only: bool, **opts: Any) -> None:
         from farctx.eval.niah import Protocol
 
+        if chat is None:  # the model's chat template where it has one (an instruct model), else raw text
+            chat = defaults["chat"] and model_has_chat_template(model)
         try:
             protocol = Protocol(kind=kind, haystack=haystack, placement=placement, digits=digits, question=question,
                                 chat=chat, distractors=distractors)
@@ -195,8 +198,10 @@ def _niah_command(name: str, summary: str, defaults: dict[str, Any]) -> Any:
                      help="digits of the key"),
         click.option("--question", type=click.Choice(QUESTIONS), default="cue", show_default=True,
                      help="cue: the question then the answer's start ('... The pass key is'); bare: the question alone"),
-        click.option("--chat/--raw", default=False, show_default=True,
-                     help="the document and the question as a user message of the model's chat template, or raw text"),
+        click.option("--chat/--raw", default=None,
+                     help="the document and the question as a user message of the model's chat template, or raw text "
+                          + ("[default: --chat where the model has a chat template, else --raw]" if defaults["chat"]
+                             else "[default: --raw]")),
         click.option("--distractors", type=click.IntRange(0), default=3, show_default=True,
                      help="multikey: needles of the same form with other words"),
         click.option("--seed", type=int, default=1, show_default=True),
@@ -215,6 +220,16 @@ def _niah_command(name: str, summary: str, defaults: dict[str, Any]) -> Any:
     for d in reversed(decorators[1:]):
         command = d(command)
     return decorators[0](command)
+
+
+def model_has_chat_template(model: Optional[str]) -> bool:
+    import farctx
+
+    vocab = farctx.Llama(model, vocab_only=True)
+    try:
+        return bool(vocab.metadata.get("tokenizer.chat_template"))
+    finally:
+        vocab.close()
 
 
 def run_niah(model: Optional[str], method_list: list[str], length_list: list[int], depth_list: list[Optional[float]],
@@ -346,13 +361,13 @@ def run_niah(model: Optional[str], method_list: list[str], length_list: list[int
 
 niah = _niah_command(
     "niah", "Needle in a haystack: accuracy per method, length and depth, every answer kept, the effective length.",
-    {"kind": "passkey", "haystack": "austen:emma", "placement": "line", "digits": 5, "depths": "0.1,0.5,0.9",
-     "samples": 3, "lengths": "4k,8k,16k"})
+    {"kind": "word-value", "haystack": "austen:emma", "placement": "line", "digits": 5, "depths": "0.1,0.5,0.9",
+     "samples": 3, "lengths": "4k,8k,16k", "chat": True})
 passkey = _niah_command(
     "passkey", "Passkey retrieval (the LM-Infinite protocol: repeated sentences, a 7-digit key): `eval niah` with "
     "these defaults.",
     {"kind": "passkey", "haystack": "repeat", "placement": "inline", "digits": 7, "depths": "random", "samples": 5,
-     "lengths": "1k,2k"})
+     "lengths": "1k,2k", "chat": False})
 
 
 def parse_layers(text: Optional[str], n_layer: int) -> Optional[list[int]]:

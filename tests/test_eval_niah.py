@@ -188,7 +188,8 @@ def test_cli_niah_json_plot_and_resume(tmp_path, tiny_model):
     out = run_cli(*args)
     assert out.returncode == 0, out.stderr
     payload = json.loads((tmp_path / "g.json").read_text())
-    assert payload["protocol"] == Protocol(haystack=str(doc)).as_dict() and payload["n_ctx_train"] == 32
+    # the tiny model carries the default model's chat template: niah's default reads in it
+    assert payload["protocol"] == Protocol(haystack=str(doc), chat=True).as_dict() and payload["n_ctx_train"] == 32
     assert len(payload["samples"]) == 16 and set(payload["methods"]) == {"vanilla", "dca"}
     s = payload["samples"][0]
     assert {"method", "length", "depth", "seed", "key", "prompt_tokens", "answer", "correct"} <= set(s)
@@ -208,6 +209,8 @@ def test_cli_niah_json_plot_and_resume(tmp_path, tiny_model):
     assert report.returncode == 0, report.stderr
     assert "| vanilla      |   0.25 |" in report.stdout and report.stdout.count(" - |") >= 4  # 256: not run
     assert json.loads((tmp_path / "g.json").read_text())["samples"] == payload["samples"]
+    raw = run_cli(*args, "--raw")  # another protocol than the file's
+    assert raw.returncode == 2 and "another protocol" in raw.stderr
     other = run_cli(*args, "--digits", "7")
     assert other.returncode == 2 and "another protocol" in other.stderr
     short = run_cli("eval", "niah", "-m", str(tiny_model), "--lengths", "40", "--haystack", str(doc))
