@@ -189,7 +189,8 @@ def test_cli_niah_json_plot_and_resume(tmp_path, tiny_model):
     assert out.returncode == 0, out.stderr
     payload = json.loads((tmp_path / "g.json").read_text())
     # the tiny model carries the default model's chat template: niah's default reads in it
-    assert payload["protocol"] == Protocol(haystack=str(doc), chat=True).as_dict() and payload["n_ctx_train"] == 32
+    assert payload["protocol"] == Protocol(kind="word-value", haystack=str(doc), chat=True).as_dict()
+    assert payload["n_ctx_train"] == 32
     assert len(payload["samples"]) == 16 and set(payload["methods"]) == {"vanilla", "dca"}
     s = payload["samples"][0]
     assert {"method", "length", "depth", "seed", "key", "prompt_tokens", "answer", "correct"} <= set(s)
