@@ -22,6 +22,8 @@ enum farctx_param_index {
     FARCTX_PARAM_NEIGHBOR,
     FARCTX_PARAM_CHUNK_SIZE,
     FARCTX_PARAM_LOCAL_WINDOW,
+    FARCTX_PARAM_SHIFTED_OFFSET,
+    FARCTX_PARAM_LOCAL_VALUE,
     FARCTX_PARAM_COUNT
 };
 
@@ -34,6 +36,8 @@ struct farctx_session;
 struct farctx_method_ops {
     /* the n_local that 0 means, n_ctx_train set (NULL: n_ctx_train) */
     int32_t (*local_default)(const struct farctx_params * p);
+    /* the method's own parameters that 0 means, n_ctx_train set (NULL: none) */
+    void    (*resolve)(struct farctx_params * p);
     /* checks of the resolved parameters against each other (NULL: none) */
     int32_t (*validate)(const struct farctx_params * p, char * err, size_t err_size);
     /* bytes of the method's own state (s->state), zeroed at session init and freed with the session (0: none) */
@@ -86,6 +90,7 @@ extern const struct farctx_method_ops farctx_streaming_ops;
 extern const struct farctx_method_ops farctx_selfextend_ops;
 extern const struct farctx_method_ops farctx_mesa_ops;
 extern const struct farctx_method_ops farctx_dca_ops;
+extern const struct farctx_method_ops farctx_string_ops;
 
 struct farctx_session {
     struct llama_context * ctx;

@@ -1,11 +1,12 @@
 /*
- * farctx: the window family (docs/methods.md): lminf, window, lambda-only, rerope, streaming, selfextend.
+ * farctx: the window family (docs/methods.md): lminf, window, lambda-only, rerope, streaming, selfextend, string.
  *
  * Each is one main window over true distances plus, for some, a second key segment at a bounded distance:
  *   main segment:   key j visible from query i, relpos i - j, iff 0 <= j <= i and (i - j < window or
  *                   j < always); window = n_local (selfextend: neighbor); always = lambda-only's globals
  *   second segment: keys beyond the window (the head tokens only, or every key), query at q2(i), key j
  *                   at k2(j): relpos q2(i) - k2(j)
+ *   every logit:    times logit_scale (string's attention factor; 1 for the others), as a factor on the query
  * A method is its rule below; the fixed-cache ones (lminf, window, lambda-only, streaming) also evict.
  */
 #include "farctx-impl.h"
@@ -26,6 +27,7 @@ struct window_rule {
     /* second segment, as RoPE positions */
     int32_t (*q2)(const struct farctx_params * p, int32_t i);
     int32_t (*k2)(const struct farctx_params * p, int32_t j);
+    float   logit_scale;   /* 0: none (1) */
 };
 
 static const struct window_rule * rule_of(const struct farctx_session * s) {
@@ -86,13 +88,30 @@ static int32_t q2_grouped(const struct farctx_params * p, int32_t i) {
 }
 static int32_t k2_grouped(const struct farctx_params * p, int32_t j) { return j / p->group; }
 
+/* string: the keys from shifted_offset S on read S - W nearer: query at i - S + W, keys where they are */
+static int32_t q2_shifted(const struct farctx_params * p, int32_t i) {
+    return i - p->shifted_offset + p->local_value;
+}
+
 static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub);
+
+static bool scaled(const struct window_rule * r) {
+    return r->logit_scale != 0.0f && r->logit_scale != 1.0f;
+}
+
+/* q_scale of every query: the rule's logit scale */
+static void fill_scale(const struct window_rule * r, struct llama_attn_extrap_ubatch * ub) {
+    for (int32_t t = 0; ub->q_scale != NULL && t < ub->n_tokens; ++t) {
+        ub->q_scale[t] = scaled(r) ? r->logit_scale : 1.0f;
+    }
+}
 
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
     *out = llama_attn_extrap_default_params();
-    out->mode      = LLAMA_ATTN_EXTRAP_CUSTOM;
-    out->fill      = fill;
-    out->user_data = (void *) s;
+    out->mode        = LLAMA_ATTN_EXTRAP_CUSTOM;
+    out->fill        = fill;
+    out->user_data   = (void *) s;
+    out->use_q_scale = scaled(rule_of(s));
     switch (rule_of(s)->seg2) {
         case SEG2_HEAD: out->n_seg2 = farctx_params_head(&s->params); break;  /* the globals / sinks: cells [0, head) */
         case SEG2_ALL:  out->n_seg2 = -1;                             break;  /* every cell */
@@ -101,7 +120,8 @@ static void setup(struct farctx_session * s, struct llama_attn_extrap_params * o
 }
 
 static int64_t plain_below(const struct farctx_session * s) {
-    return main_window(s);  /* every key within the window */
+    /* every key within the window; a scaled rule changes every logit: never */
+    return scaled(rule_of(s)) ? 0 : main_window(s);
 }
 
 /* the fixed-cache methods: the next query at next_pos reads keys j > next_pos - n_local (and the head tokens) */
@@ -141,6 +161,7 @@ static int32_t fill_single_query(struct farctx_session * s, struct llama_attn_ex
         ub->seg2_k_delta[c] = far ? (r->k2(p, j) - j) - (r->q2(p, i) - i) : 0;
     }
     ub->seg2_q_delta[0] = 0;
+    fill_scale(r, ub);
     return 0;
 }
 
@@ -177,6 +198,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         const int32_t j = ub->seg2_pos[c];
         ub->seg2_k_delta[c] = j >= 0 ? r->k2(p, j) - j : 0;
     }
+    fill_scale(r, ub);
     return 0;
 }
 
@@ -213,12 +235,40 @@ static int32_t selfextend_init(struct farctx_session * s, char * err, size_t err
     return FARCTX_OK;
 }
 
+/* STRING's defaults (the reference's replace_with_string and its RULER scripts): S = 0.33 L, W = 128; W at most S / 2
+ * where the trained context is short */
+static void string_resolve(struct farctx_params * p) {
+    if (p->shifted_offset <= 0) {
+        p->shifted_offset = (int32_t) ((int64_t) p->n_ctx_train * 33 / 100);
+    }
+    if (p->local_value <= 0) {
+        p->local_value = p->shifted_offset / 2 < 128 ? p->shifted_offset / 2 : 128;
+    }
+}
+
+static int32_t string_validate(const struct farctx_params * p, char * err, size_t err_size) {
+    if (p->shifted_offset < 2 || p->shifted_offset >= p->n_ctx_train) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "shifted_offset (%d) must be between 2 and n_ctx_train - 1 "
+                           "(%d)", p->shifted_offset, p->n_ctx_train - 1);
+    }
+    if (p->local_value < 1 || p->local_value >= p->shifted_offset) {
+        return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "local_value (%d) must be between 1 and shifted_offset - 1 "
+                           "(%d)", p->local_value, p->shifted_offset - 1);
+    }
+    return FARCTX_OK;
+}
+
+/* the reference's factor on its rotary tables, 0.1 ln 2 + 1, on queries and keys alike: (0.1 ln 2 + 1)^2 on a logit */
+#define STRING_LOGIT_SCALE 1.14343397f
+
 static const struct window_rule k_lminf       = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_bounded,    k2_zero    };
 static const struct window_rule k_window      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_NONE, NULL,          NULL       };
 static const struct window_rule k_lambda_only = { FARCTX_PARAM_N_LOCAL,  true,  SEG2_NONE, NULL,          NULL       };
 static const struct window_rule k_rerope      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_ALL,  q2_bounded,    k2_zero    };
 static const struct window_rule k_streaming   = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_cache_slot, k2_true    };
 static const struct window_rule k_selfextend  = { FARCTX_PARAM_NEIGHBOR, false, SEG2_ALL,  q2_grouped,    k2_grouped };
+static const struct window_rule k_string      = { FARCTX_PARAM_SHIFTED_OFFSET, false, SEG2_ALL, q2_shifted, k2_true,
+                                                  STRING_LOGIT_SCALE };
 
 #define WINDOW_OPS .setup = setup, .plain_below = plain_below, .batch_params = batch_params
 
@@ -234,3 +284,5 @@ const struct farctx_method_ops farctx_streaming_ops = {
     WINDOW_OPS, .first_needed = first_needed, .local_default = streaming_local_default, .rule = &k_streaming };
 const struct farctx_method_ops farctx_selfextend_ops = {
     WINDOW_OPS, .validate = selfextend_validate, .init = selfextend_init, .rule = &k_selfextend };
+const struct farctx_method_ops farctx_string_ops = {
+    WINDOW_OPS, .resolve = string_resolve, .validate = string_validate, .rule = &k_string };

@@ -55,6 +55,12 @@ static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
                   .fixed_cache = false, .stock_graph = false, .head_param = -1,
                   .model_kinds = NEEDS_ROPE, .whole_prompt = false },
         .ops  = &farctx_dca_ops },
+    [FARCTX_METHOD_STRING] = {
+        .info = { .name = "string", .help = "STRING: true distances below shifted_offset, the farther keys shifted "
+                                            "back to local_value",
+                  .fixed_cache = false, .stock_graph = false, .head_param = -1,
+                  .model_kinds = NEEDS_ROPE, .whole_prompt = false },
+        .ops  = &farctx_string_ops },
 };
 
 #define P(field, help, def, min, methods) \
@@ -79,6 +85,10 @@ static const struct farctx_param_info k_params[FARCTX_PARAM_COUNT] = {
                                     M(DCA)),
     [FARCTX_PARAM_LOCAL_WINDOW] = P(local_window, "local window: chunks are chunk_size - local_window tokens "
                                     "(0: n_ctx_train / 8)", 0, 0, M(DCA)),
+    [FARCTX_PARAM_SHIFTED_OFFSET] = P(shifted_offset, "shifted offset S: distances from S on are read S - "
+                                      "local_value nearer (0: 0.33 x n_ctx_train)", 0, 0, M(STRING)),
+    [FARCTX_PARAM_LOCAL_VALUE]  = P(local_value,  "local value W: where the shifted keys start (0: 128, at most "
+                                    "shifted_offset / 2)", 0, 0, M(STRING)),
 };
 
 const struct farctx_method_def * farctx_method_def(int32_t method) {

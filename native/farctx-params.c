@@ -28,6 +28,10 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
     if (p->local_window <= 0) {
         p->local_window = p->n_ctx_train / 8;
     }
+    const struct farctx_method_def * own = farctx_method_def(p->method);
+    if (own != NULL && own->ops != NULL && own->ops->resolve != NULL) {
+        own->ops->resolve(p);
+    }
 }
 
 int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,

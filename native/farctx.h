@@ -38,7 +38,8 @@ enum farctx_method {
     FARCTX_METHOD_MESA        = 6,
     FARCTX_METHOD_SELFEXTEND  = 7,
     FARCTX_METHOD_DCA         = 8,
-    FARCTX_METHOD_COUNT       = 9
+    FARCTX_METHOD_STRING      = 9,
+    FARCTX_METHOD_COUNT       = 10
 };
 
 /* return codes */
@@ -70,6 +71,8 @@ struct farctx_params {
     int32_t neighbor;
     int32_t chunk_size;
     int32_t local_window;
+    int32_t shifted_offset;
+    int32_t local_value;
 };
 
 FARCTX_API struct farctx_params farctx_default_params(void);

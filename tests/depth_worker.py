@@ -35,6 +35,7 @@ PARAMS: dict[str, dict[str, int]] = {
     "mesa": {"first_chunk": 4, "stair_width": 2, "last_context": 8, "gen_budget": 2},
     "selfextend": {"group": 4, "neighbor": 8},
     "dca": {"chunk_size": 24, "local_window": 4},
+    "string": {"shifted_offset": 12, "local_value": 4},
 }
 
 

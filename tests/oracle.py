@@ -430,6 +430,8 @@ def rule_for(method: str, n: int, params: dict[str, int], n_ctx_train: int, n_pr
         return selfextend_rule(n, params["group"], params["neighbor"])
     if method == "dca":
         return dca_rule(n, params["chunk_size"], params["local_window"])
+    if method == "string":
+        return string_rule(n, params["shifted_offset"], params["local_value"])
     return method_rule(method, n, params["n_local"], params.get("n_global", 0), params.get("n_sink", 0))
 
 
@@ -501,3 +503,19 @@ def selfextend_rule(n: int, group: int, neighbor: int) -> AttentionRule:
     relpos = np.where(d < W, d, i // G - j // G + W - W // G)
     allowed = j <= i
     return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))
+
+
+# STRING's factor on the reference's rotary tables, 0.1 ln 2 + 1, reaches a logit twice (query and key)
+STRING_LOGIT_SCALE = (0.1 * np.log(2.0) + 1.0) ** 2
+
+
+def string_rule(n: int, shifted_offset: int, local_value: int) -> AttentionRule:
+    """STRING (docs/methods.md, 1.5): distances below S true, from S on d - S + W; every logit times the factor."""
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    d = i - j
+    S, W = shifted_offset, local_value
+    relpos = np.where(d < S, d, d - S + W)
+    allowed = j <= i
+    return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.full(n, STRING_LOGIT_SCALE))
+

@@ -22,7 +22,7 @@ from helpers import F16, F32, Q8_0, engine_logits, kv_id, random_tokens, toleran
 from oracle import OracleModel, rule_for
 from tiny_gguf import NARROW6, write_tiny_gguf
 
-METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend", "dca"]
+METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend", "dca", "string"]
 # flash attention off and on, F16 and Q8_0 caches (a quantized V needs flash attention)
 DEPTH_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, F16, False), (Q8_0, Q8_0, True)]
 WORKER = Path(__file__).with_name("depth_worker.py")
@@ -82,11 +82,12 @@ N_TOKENS, N_PREFILL = 130, 90
 MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
 SELFEXTEND = dict(group=4, neighbor=8)
 DCA = dict(chunk_size=24, local_window=4)  # chunks of 20: the previous chunk's query clamped from position 25
+STRING = dict(shifted_offset=12, local_value=4)
 NARROW_KV = [(F32, F32, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
 
 def method_kwargs(method: str) -> dict[str, int]:
-    return {"mesa": MESA, "selfextend": SELFEXTEND, "dca": DCA, "vanilla": {},
+    return {"mesa": MESA, "selfextend": SELFEXTEND, "dca": DCA, "string": STRING, "vanilla": {},
             "streaming": {"n_local": 28, "n_sink": 4}}.get(method, {"n_local": 32, "n_global": 10})
 
 

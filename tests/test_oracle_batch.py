@@ -18,6 +18,7 @@ N_LOCAL, N_GLOBAL, N_SINK = 32, 10, 4
 MESA = dict(first_chunk=4, stair_width=2, last_context=8, gen_budget=2)
 SELFEXTEND = dict(group=4, neighbor=8)
 DCA = dict(chunk_size=12, local_window=4)
+STRING = dict(shifted_offset=12, local_value=4)
 N_DECODE = 12
 
 # groups of four streams: mixed methods, and pairs of one method; each stream: (method, prompt length, step it
@@ -32,6 +33,7 @@ GROUPS = {
     "window2-lambda2": [("window", 80, 0), ("window", 60, 2), ("lambda-only", 60, 0), ("lambda-only", 75, 1)],
     "rerope2-vanilla2": [("rerope", 75, 0), ("rerope", 50, 2), ("vanilla", 40, 0), ("vanilla", 64, 3)],
     "dca2-selfextend-lminf": [("dca", 90, 0), ("dca", 60, 2), ("selfextend", 96, 1), ("lminf", 80, 0)],
+    "string2-rerope-vanilla": [("string", 90, 0), ("string", 60, 2), ("rerope", 75, 1), ("vanilla", 40, 0)],
 }
 KV = [(F32, F32, False), (F16, F16, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
@@ -43,6 +45,8 @@ def method_kwargs(method: str) -> dict[str, int]:
         return {**SELFEXTEND}
     if method == "dca":
         return {**DCA}
+    if method == "string":
+        return {**STRING}
     if method == "streaming":
         return {"n_local": N_LOCAL - N_SINK, "n_sink": N_SINK}
     if method == "vanilla":
