@@ -355,7 +355,7 @@ def run_niah(model: Optional[str], method_list: list[str], length_list: list[int
             click.echo(f"  {method:<12} {where:>8}  threshold {e.threshold:.2f}{ref}")
     if plot_path:
         plot_niah(summarize(records), info.n_ctx_train, Path(plot_path), effective,
-                  f"{Path(info.path).name}: {protocol.kind}, {protocol.haystack}")
+                  f"{Path(info.path).name}: {protocol.describe()}", method_list, length_list)
     sys.stdout.flush()
 
 

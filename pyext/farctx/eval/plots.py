@@ -40,14 +40,15 @@ def plot_ppl(results: Sequence[Any], n_ctx_train: int, path: Path, title: str = 
 
 
 def plot_niah(cells: Sequence[Any], n_ctx_train: int, path: Path, effective: dict[str, Any] | None = None,
-              title: str = "") -> None:
+              title: str = "", methods: Sequence[str] | None = None, lengths: Sequence[int] | None = None) -> None:
     """The needle-in-a-haystack heat map, one panel per method: length across, depth down, accuracy as colour, each
-    cell's right/samples written in it, the trained context marked; a random-depth grid is a line per method."""
+    cell's right/samples written in it (grey: not run), the trained context marked; a random-depth grid is a line per
+    method. `methods` and `lengths`: the grid's, in order (default: those of the cells)."""
     import math
 
     plt = _pyplot()
-    methods = list(dict.fromkeys(c.method for c in cells))
-    lengths = sorted({c.length for c in cells})
+    methods = list(methods or dict.fromkeys(c.method for c in cells))
+    lengths = sorted(set(lengths or ()) | {c.length for c in cells})
     depths = sorted({c.depth for c in cells if c.depth is not None})
     if not depths:
         fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
@@ -81,7 +82,8 @@ def plot_niah(cells: Sequence[Any], n_ctx_train: int, path: Path, effective: dic
             ax.set_xticks(range(len(lengths)), [f"{x // 1024}k" if x % 1024 == 0 else str(x) for x in lengths])
             ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
             ax.set_xlabel("length (tokens); | = trained context")
-            ax.set_ylabel("needle depth")
+            if ax is axes[0][0]:
+                ax.set_ylabel("needle depth")
             e = (effective or {}).get(method)
             note = "" if e is None else f"\neffective length {e.length if e.length is not None else '-'}"
             ax.set_title(method + note, fontsize=10)
