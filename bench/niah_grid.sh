@@ -36,7 +36,7 @@ if [ "${REPORT:-0}" != 1 ]; then
 fi
 methods=vanilla,selfextend,dca,mesa,rerope,lminf
 {
-    echo "\$ bench/niah_grid.sh   # commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d)"
+    echo "\$ bench/niah_grid.sh   # this report: commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d); when each stage ran: grid-log.txt"
     echo "\$ farctx eval niah --methods $methods --lengths 4k,8k,16k,32k --samples 3 ${common[*]} --report-only --plot $out/grid-SmolLM2-135M-Instruct.png"
     .venv/bin/farctx eval niah --methods "$methods" --lengths 4k,8k,16k,32k --samples 3 "${common[@]}" \
         --report-only --plot "$out/grid-SmolLM2-135M-Instruct.png"
