@@ -18,7 +18,8 @@ static int32_t check_space(struct farctx_session * s, int32_t n_tokens) {
     if (need > n_ctx) {
         return farctx_session_fail(s, FARCTX_ERR_NO_SPACE,
             "the stream needs %lld cells (%lld already in the cache + %d new tokens) but the KV cache "
-            "holds %lld: enlarge the cache (-c / n_ctx) or use a method with a fixed-size cache",
+            "holds %lld: enlarge the cache (-c / n_ctx), or use --method lminf, which streams through a fixed-size "
+            "cache without bound",
             (long long) need, (long long) s->n_past, n_tokens, (long long) n_ctx);
     }
     return FARCTX_OK;

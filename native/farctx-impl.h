@@ -91,6 +91,7 @@ extern const struct farctx_method_ops farctx_selfextend_ops;
 extern const struct farctx_method_ops farctx_mesa_ops;
 extern const struct farctx_method_ops farctx_dca_ops;
 extern const struct farctx_method_ops farctx_string_ops;
+extern const struct farctx_method_ops farctx_auto_ops;
 
 struct farctx_session {
     struct llama_context * ctx;

@@ -19,6 +19,10 @@
  * that crosses phases holds the layout of its first query's phase, and its second segment reads a copy of the keys
  * rotated per cell to where the queries' phases read them (use_seg2_k_delta, batch_params). The copy costs one RoPE
  * of the cached keys per layer, which the batch's queries share.
+ *
+ * auto (docs/methods.md#auto) is this rule past the trained context and stock attention inside it: every query
+ * before n_ctx_train reads every key at its true distance (phase 0: the cache as written, the stock graph), and the
+ * cache moves to dca's layout at the first query from n_ctx_train on, as at any phase.
  */
 #include "farctx-impl.h"
 
@@ -46,8 +50,17 @@ static int64_t inter_q(const struct farctx_params * p) {
     return 2 * s - 1 < p->chunk_size ? 2 * s - 1 : p->chunk_size;
 }
 
-/* 2 x chunk, + 1 once the previous chunk's query is clamped (i mod s + s > chunk_size; the first chunk has none) */
+/* the queries below this position read every key at its true distance: auto's n_ctx_train, dca's 0 */
+static int64_t stock_below(const struct farctx_params * p) {
+    return p->method == FARCTX_METHOD_AUTO ? p->n_ctx_train : 0;
+}
+
+/* 2 x chunk, + 1 once the previous chunk's query is clamped (i mod s + s > chunk_size; the first chunk has none);
+ * phase 0 (every key as written) below stock_below */
 static int64_t phase_of(const struct farctx_params * p, int64_t i) {
+    if (i < stock_below(p)) {
+        return 0;
+    }
     const int64_t ci = i / stride(p);
     return 2 * ci + (ci > 0 && i % stride(p) > p->local_window);
 }
@@ -112,8 +125,8 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     if (phase_of(p, ub->q_pos[0]) != d->rot_phase || ub->n_seg2 != ub->n_kv ||
             (copy && p->chunk_size != inter_q(p))) {
         s->fill_error = true;
-        farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the cache or the attention settings do not match the query "
-                            "at %d: feed the stream through farctx", ub->q_pos[0]);
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the cache or the attention settings do not match the query "
+                            "at %d: feed the stream through farctx", farctx_method_name(p->method), ub->q_pos[0]);
         return 1;
     }
     int64_t p0 = 0;
@@ -122,8 +135,9 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         const int64_t i = ub->q_pos[t], phase = phase_of(p, i);
         if (!copy && phase != d->rot_phase) {
             s->fill_error = true;
-            farctx_session_fail(s, FARCTX_ERR_PARAM, "dca: the queries of a ubatch span two phases (positions %d "
-                                "and %lld): feed the stream through farctx", ub->q_pos[0], (long long) i);
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the queries of a ubatch span two phases (positions %d "
+                                "and %lld): feed the stream through farctx", farctx_method_name(p->method),
+                                ub->q_pos[0], (long long) i);
             return 1;
         }
         const int64_t lo = main_first(p, phase);
@@ -181,10 +195,11 @@ static void setup(struct farctx_session * s, struct llama_attn_extrap_params * o
 }
 
 /* queries before the first clamped previous chunk and before the first earlier chunk read every key at its true
- * distance, the cache in its written layout */
+ * distance, the cache in its written layout; so do auto's below n_ctx_train */
 static int64_t plain_below(const struct farctx_session * s) {
     const int64_t clamped = (int64_t) s->params.chunk_size + 1, inter = 2 * stride(&s->params);
-    return clamped < inter ? clamped : inter;
+    const int64_t dca = clamped < inter ? clamped : inter, stock = stock_below(&s->params);
+    return stock > dca ? stock : dca;
 }
 
 /* with COPY_MIN or more tokens to feed, no end where the copy serves every query (chunk_size <= 2s - 1: the
@@ -194,6 +209,9 @@ static int64_t segment_end(const struct farctx_session * s, int64_t pos, int32_t
     const int64_t c = stride(p), start = (pos / c) * c, clamp = start + p->local_window + 1;
     if (n_left >= COPY_MIN && p->chunk_size == inter_q(p)) {
         return INT64_MAX;
+    }
+    if (pos < stock_below(p)) {
+        return stock_below(p);  /* phase 0 ends there */
     }
     return start > 0 && pos < clamp && clamp < start + c ? clamp : start + c;
 }
@@ -209,8 +227,8 @@ static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n
 static int32_t validate(const struct farctx_params * p, char * err, size_t err_size) {
     if (p->local_window >= p->chunk_size || p->chunk_size > p->n_ctx_train) {
         return farctx_fail(err, err_size, FARCTX_ERR_PARAM,
-                           "dca needs local_window < chunk_size <= n_ctx_train (local_window %d, chunk_size %d, "
-                           "n_ctx_train %d)", p->local_window, p->chunk_size, p->n_ctx_train);
+                           "%s needs local_window < chunk_size <= n_ctx_train (local_window %d, chunk_size %d, "
+                           "n_ctx_train %d)", farctx_method_name(p->method), p->local_window, p->chunk_size, p->n_ctx_train);
     }
     return FARCTX_OK;
 }
@@ -238,27 +256,30 @@ static size_t state_write(const struct farctx_session * s, uint8_t * dst) {
 
 static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t n) {
     if (n != sizeof(struct dca_saved)) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a dca stream state (%zu bytes)", n);
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (%zu bytes)", farctx_method_name(s->params.method), n);
     }
     struct dca_saved v;
     memcpy(&v, src, sizeof(v));
     if (v.rot_phase < 0) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a dca stream state (phase %lld)", (long long) v.rot_phase);
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (phase %lld)",
+                                   farctx_method_name(s->params.method), (long long) v.rot_phase);
     }
     dca_of(s)->rot_phase = v.rot_phase;
     dca_of(s)->n_cache_rotations = v.n_cache_rotations;
     return FARCTX_OK;
 }
 
-const struct farctx_method_ops farctx_dca_ops = {
-    .validate      = validate,
-    .state_size    = sizeof(struct farctx_dca),
-    .setup         = setup,
-    .plain_below   = plain_below,
-    .segment_end   = segment_end,
-    .batch_params  = batch_params,
-    .before_decode = rotate_cache,
-    .stats         = stats,
-    .state_write   = state_write,
-    .state_read    = state_read,
-};
+#define DCA_OPS \
+    .validate      = validate, \
+    .state_size    = sizeof(struct farctx_dca), \
+    .setup         = setup, \
+    .plain_below   = plain_below, \
+    .segment_end   = segment_end, \
+    .batch_params  = batch_params, \
+    .before_decode = rotate_cache, \
+    .stats         = stats, \
+    .state_write   = state_write, \
+    .state_read    = state_read
+
+const struct farctx_method_ops farctx_dca_ops  = { DCA_OPS };
+const struct farctx_method_ops farctx_auto_ops = { DCA_OPS };  /* the same operations: stock_below tells them apart */

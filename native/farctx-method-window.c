@@ -261,12 +261,12 @@ static int32_t string_validate(const struct farctx_params * p, char * err, size_
 /* the reference's factor on its rotary tables, 0.1 ln 2 + 1, on queries and keys alike: (0.1 ln 2 + 1)^2 on a logit */
 #define STRING_LOGIT_SCALE 1.14343397f
 
-static const struct window_rule k_lminf       = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_bounded,    k2_zero    };
-static const struct window_rule k_window      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_NONE, NULL,          NULL       };
-static const struct window_rule k_lambda_only = { FARCTX_PARAM_N_LOCAL,  true,  SEG2_NONE, NULL,          NULL       };
-static const struct window_rule k_rerope      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_ALL,  q2_bounded,    k2_zero    };
-static const struct window_rule k_streaming   = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_cache_slot, k2_true    };
-static const struct window_rule k_selfextend  = { FARCTX_PARAM_NEIGHBOR, false, SEG2_ALL,  q2_grouped,    k2_grouped };
+static const struct window_rule k_lminf       = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_bounded,    k2_zero,    0 };
+static const struct window_rule k_window      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_NONE, NULL,          NULL,       0 };
+static const struct window_rule k_lambda_only = { FARCTX_PARAM_N_LOCAL,  true,  SEG2_NONE, NULL,          NULL,       0 };
+static const struct window_rule k_rerope      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_ALL,  q2_bounded,    k2_zero,    0 };
+static const struct window_rule k_streaming   = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_cache_slot, k2_true,    0 };
+static const struct window_rule k_selfextend  = { FARCTX_PARAM_NEIGHBOR, false, SEG2_ALL,  q2_grouped,    k2_grouped, 0 };
 static const struct window_rule k_string      = { FARCTX_PARAM_SHIFTED_OFFSET, false, SEG2_ALL, q2_shifted, k2_true,
                                                   STRING_LOGIT_SCALE };
 

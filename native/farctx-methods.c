@@ -13,7 +13,7 @@ static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
     [FARCTX_METHOD_VANILLA] = {
         .info = { .name = "vanilla", .help = "full attention at true distances (stock llama.cpp)",
                   .fixed_cache = false, .stock_graph = true, .head_param = -1,
-                  .model_kinds = FARCTX_MODEL_ANY, .whole_prompt = false },
+                  .model_kinds = FARCTX_MODEL_ANY, .whole_prompt = false, .stock_inside = true },
         .ops  = &farctx_vanilla_ops },
     [FARCTX_METHOD_LMINF] = {
         .info = { .name = "lminf", .help = "LM-Infinite: global tokens + local window, distances bounded by n_local",
@@ -61,6 +61,11 @@ static const struct farctx_method_def k_methods[FARCTX_METHOD_COUNT] = {
                   .fixed_cache = false, .stock_graph = false, .head_param = -1,
                   .model_kinds = NEEDS_ROPE, .whole_prompt = false },
         .ops  = &farctx_string_ops },
+    [FARCTX_METHOD_AUTO] = {
+        .info = { .name = "auto", .help = "stock llama.cpp inside the trained context, Dual Chunk Attention past it",
+                  .fixed_cache = false, .stock_graph = false, .head_param = -1,
+                  .model_kinds = FARCTX_MODEL_ANY, .whole_prompt = false, .stock_inside = true },
+        .ops  = &farctx_auto_ops },
 };
 
 #define P(field, help, def, min, methods) \
@@ -82,9 +87,9 @@ static const struct farctx_param_info k_params[FARCTX_PARAM_COUNT] = {
                                     M(SELFEXTEND)),
     [FARCTX_PARAM_NEIGHBOR]     = P(neighbor,     "neighbour window W (0: n_ctx_train / 2)", 0, 0, M(SELFEXTEND)),
     [FARCTX_PARAM_CHUNK_SIZE]   = P(chunk_size,   "chunk size: the largest distance (0: 3 x n_ctx_train / 4)", 0, 0,
-                                    M(DCA)),
+                                    M(DCA) | M(AUTO)),
     [FARCTX_PARAM_LOCAL_WINDOW] = P(local_window, "local window: chunks are chunk_size - local_window tokens "
-                                    "(0: n_ctx_train / 8)", 0, 0, M(DCA)),
+                                    "(0: n_ctx_train / 8)", 0, 0, M(DCA) | M(AUTO)),
     [FARCTX_PARAM_SHIFTED_OFFSET] = P(shifted_offset, "shifted offset S: distances from S on are read S - "
                                       "local_value nearer (0: 0.33 x n_ctx_train)", 0, 0, M(STRING)),
     [FARCTX_PARAM_LOCAL_VALUE]  = P(local_value,  "local value W: where the shifted keys start (0: 128, at most "
@@ -105,7 +110,7 @@ int32_t farctx_method_count(void) {
 struct farctx_method_info farctx_method_get_info(int32_t method) {
     const struct farctx_method_def * d = farctx_method_def(method);
     if (d == NULL) {
-        struct farctx_method_info none = { NULL, NULL, false, false, -1, 0, false };
+        struct farctx_method_info none = { NULL, NULL, false, false, -1, 0, false, false };
         return none;
     }
     return d->info;
@@ -204,4 +209,13 @@ int32_t farctx_method_supported(int32_t method, const struct llama_model * model
         return FARCTX_ERR_UNSUPPORTED;  /* the reason is in err */
     }
     return farctx_fail(err, err_size, FARCTX_OK, "%s", "");
+}
+
+int32_t farctx_method_for_model(int32_t method, const struct llama_model * model, char * why, size_t why_size) {
+    farctx_fail(why, why_size, 0, "%s", "");
+    if (method != FARCTX_METHOD_AUTO || model == NULL) {
+        return method;
+    }
+    /* auto's extension changes the graph: it runs where the methods that do can */
+    return farctx_model_kind(model, why, why_size) & NEEDS_ROPE ? method : FARCTX_METHOD_VANILLA;
 }

@@ -62,9 +62,10 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
 
     int64_t cells;  /* per stream */
     if (!d->info.fixed_cache) {
-        /* the caller's cache; else the stream's need (farctx_cache_cells: its length, or n_ctx_train), which a
-         * stream of unknown length under an extrapolating method may pass: room for FARCTX_WHOLE_STREAM_DEFAULT x */
-        const bool known = in->n_prompt > 0 || in->n_predict > 0 || d->info.stock_graph;
+        /* the caller's cache; else the stream's need (farctx_cache_cells: its length, or n_ctx_train, as stock's
+         * for the methods stock inside the trained context), which a stream of unknown length under another
+         * extrapolating method may pass: room for FARCTX_WHOLE_STREAM_DEFAULT x */
+        const bool known = in->n_prompt > 0 || in->n_predict > 0 || d->info.stock_inside;
         cells = in->n_ctx > 0 ? cells_per_stream(in->n_ctx, n_seq)
               : known         ? farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, in->n_prompt, in->n_predict)
               : (int64_t) FARCTX_WHOLE_STREAM_DEFAULT * p.n_ctx_train;

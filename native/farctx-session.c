@@ -26,8 +26,11 @@ struct farctx_session * farctx_session_init_seq(struct llama_context * ctx, cons
         params = &defaults;
     }
     const struct llama_model * model = llama_get_model(ctx);
-    /* the model first: no parameter makes a method run on a model it cannot run on */
+    /* the model first: no parameter makes a method run on a model it cannot run on (auto runs vanilla there) */
     char why[FARCTX_ERR_LEN];
+    struct farctx_params runs = *params;
+    runs.method = farctx_method_for_model(params->method, model, NULL, 0);
+    params = &runs;
     const int32_t supported = farctx_method_supported(params->method, model, why, sizeof(why));
     if (supported == FARCTX_ERR_PARAM) {  /* not a method at all */
         farctx_fail(err, err_size, FARCTX_ERR_PARAM, "%s", why);

@@ -39,7 +39,8 @@ enum farctx_method {
     FARCTX_METHOD_SELFEXTEND  = 7,
     FARCTX_METHOD_DCA         = 8,
     FARCTX_METHOD_STRING      = 9,
-    FARCTX_METHOD_COUNT       = 10
+    FARCTX_METHOD_AUTO        = 10,
+    FARCTX_METHOD_COUNT       = 11
 };
 
 /* return codes */
@@ -101,6 +102,8 @@ struct farctx_method_info {
     uint32_t model_kinds;      /* enum farctx_model_kind bits: the models it can run on            */
     bool     whole_prompt;     /* plans its prompt from the feed that brings it (mesa's chunks): a prompt
                                   read in several feeds, or after other tokens, is read differently     */
+    bool     stock_inside;     /* llama.cpp's own graph for every query inside the trained context, and
+                                  a cache sized as stock's (vanilla, auto)                             */
 };
 
 FARCTX_API int32_t farctx_method_count(void);
@@ -146,14 +149,11 @@ FARCTX_API int32_t farctx_model_kind(const struct llama_model * model, char * wh
  */
 FARCTX_API int32_t farctx_method_supported(int32_t method, const struct llama_model * model,
                                            char * err, size_t err_size);
+/* the method that runs on the model when the caller asks for method: auto is vanilla on a model that only vanilla
+ * runs (why: the reason; "" otherwise), every other method itself */
+FARCTX_API int32_t farctx_method_for_model(int32_t method, const struct llama_model * model,
+                                           char * why, size_t why_size);
 
-/*
- * KV cells a stream needs under params, for a model trained on n_ctx_train tokens (used when
- * params->n_ctx_train is 0):
- *   fixed-cache methods: head + n_local + n_ubatch, whatever the stream's length;
- *   the others (vanilla, rerope, mesa, selfextend) keep the whole stream: n_prompt + n_predict,
- *   or n_ctx_train when the stream's length is not known (both 0).
- */
 /*
  * A fixed-cache method whose n_local is left 0 runs the window of its default (n_ctx_train) when the KV cache holds
  * head + n_local + n_ubatch cells; in a smaller cache (the caller's n_ctx as a memory budget) its window is the room
@@ -162,6 +162,11 @@ FARCTX_API int32_t farctx_method_supported(int32_t method, const struct llama_mo
  */
 enum { FARCTX_FIT_LOCAL_MIN = 64 };
 
+/*
+ * KV cells a stream needs under params, for a model trained on n_ctx_train tokens (used when params->n_ctx_train is
+ * 0): a fixed-cache method head + n_local + n_ubatch, whatever the stream's length; the others n_prompt + n_predict,
+ * or n_ctx_train when both are 0. The cache a context is made with is farctx_context_plan's, which asks this.
+ */
 FARCTX_API int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
                                       int64_t n_prompt, int64_t n_predict);
 
@@ -250,7 +255,7 @@ FARCTX_API void farctx_session_free(struct farctx_session * session);
 /*
  * Feed tokens after the ones already in the stream: the one-session case of farctx_sessions_feed (one feed loop,
  * one chunking rule: each llama_decode holds at most the context's n_ubatch tokens, cut where the method's segment
- * ends; until 2026-12 this call decoded n_batch tokens at a time and let llama.cpp split them).
+ * ends).
  * logits: NULL, or room for n_vocab floats (all_logits false: the last token's) or
  * n_tokens*n_vocab floats (all_logits true: every token's, in order). The context keeps the last
  * token's logits either way (llama_get_logits_ith(ctx, -1), what a sampler reads), as llama.cpp does
