@@ -28,7 +28,7 @@ def machine() -> str:
 
 @click.command()
 @click.option("-m", "--model", "model", default=None, metavar="FNAME", help="GGUF model (default: the bundled one)")
-@click.option("--methods", "--method", "methods", default="vanilla,lminf", show_default=True,
+@click.option("--methods", "--method", "methods", default="auto,lminf", show_default=True,
               help="comma-separated methods, or all")
 @click.option("--lengths", default="512,1k", show_default=True, help="context lengths (k = 1024)")
 @click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="repetitions (medians)")

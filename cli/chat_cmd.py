@@ -31,7 +31,8 @@ def chat(model: str | None, system: str | None, file: str | None, n_predict: int
     conversation runs, and the head every prompt starts with (BOS, the system prompt, the first
     user header) is the head the method keeps (lminf's --n-global, streaming's --n-sink) unless
     given. The other methods keep the whole conversation: -c sets their cache (default:
-    n_ctx_train for vanilla, 4 x n_ctx_train for mesa/selfextend/rerope).
+    n_ctx_train for auto and vanilla, 4 x n_ctx_train for mesa/selfextend/rerope/dca/string; auto, the
+    default, reads past n_ctx_train when -c is larger).
     """
     import farctx
     from farctx.chat import Chat, fixed_head_tokens, run_chat

@@ -82,7 +82,7 @@ def eval_group() -> None:
 @model_option()
 @click.option("-f", "--file", default=None, metavar="FNAME",
               help="the long document (default: Jane Austen's Emma from the Debian package)")
-@click.option("--methods", "--method", "methods", default="vanilla", show_default=True, help="comma-separated methods, or all")
+@click.option("--methods", "--method", "methods", default="auto", show_default=True, help="comma-separated methods, or all")
 @click.option("--lengths", default="1k,2k,4k,8k", show_default=True, help="positions to score at (k = 1024)")
 @click.option("--window", type=click.IntRange(2), default=256, show_default=True, help="tokens scored per length")
 @click.option("--docs", type=click.IntRange(1), default=1, show_default=True,
@@ -178,7 +178,7 @@ def _niah_command(name: str, summary: str, defaults: dict[str, Any]) -> Any:
     decorators = [
         eval_group.command(name=name),
         model_option(),
-        click.option("--methods", "--method", "methods", default="vanilla", show_default=True,
+        click.option("--methods", "--method", "methods", default="auto", show_default=True,
                      help="comma-separated methods, or all"),
         click.option("--lengths", default=defaults["lengths"], show_default=True,
                      help="lengths (k = 1024): each prompt and its answer fit in its length"),

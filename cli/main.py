@@ -196,7 +196,12 @@ def info(model: str | None, as_json: bool) -> None:
     click.echo(f"{'backends':<{width}}  {', '.join(build['backends'])}")
     click.echo(f"{'devices':<{width}}  {', '.join(d['name'] for d in build['devices']) or 'none'}")
     click.echo("methods:")
+    from farctx.methods import method_infos
+
+    infos = method_infos()
     for method, support in details.methods.items():
+        if support == "yes" and infos[method].stock_inside and not infos[method].stock_graph:  # what auto does here
+            support = f"yes: {infos[method].help} ({details.n_ctx_train} tokens)"
         click.echo(f"  {method:<12} {support}")
 
 

@@ -76,11 +76,11 @@ def runtime_options() -> Decorator:
 def method_options(with_method: bool = True) -> Decorator:
     """--method and every method's parameters, from libfarctx's parameter table (unset: from the model
     or the method's default)."""
-    from farctx.methods import method_names, param_infos
+    from farctx.methods import DEFAULT_METHOD, method_names, param_infos
 
     methods = method_names()
-    method = [click.option("--method", type=click.Choice(methods), default="vanilla", show_default=True,
-                           help="attention method")] if with_method else []
+    method = [click.option("--method", type=click.Choice(methods), default=DEFAULT_METHOD, show_default=True,
+                           help="attention method (auto: stock inside the trained context, an extension past it)")] if with_method else []
     return _stack(
         *method,
         *(click.option(p.flag, p.name, type=click.IntRange(p.minimum), default=None,

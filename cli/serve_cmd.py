@@ -47,7 +47,8 @@ def serve(model: str | None, host: str, port: int, alias: str | None, parallel: 
     turn reuses the slot whose stream shares the longest prefix with its prompt. -c is the KV cells
     of all slots (each gets c / np); without it each slot gets what --method needs: the fixed-cache
     methods (e.g. lminf) head + n_local + n_ubatch, through which prompts of any length stream;
-    vanilla n_ctx_train; the methods that keep the whole stream (e.g. mesa) 4 x n_ctx_train. A request
+    auto (the default) and vanilla n_ctx_train, auto reading past it when -c is larger; the other methods
+    that keep the whole stream (e.g. mesa) 4 x n_ctx_train. A request
     that does not fit its slot gets llama.cpp's exceed_context_size_error with the sizes. A request
     may ask for another method with a `farctx` field ({"method": "mesa", ...}): its slot's stream is
     opened again under it.

@@ -18,6 +18,7 @@ import llm
 from pydantic import Field, create_model, field_validator
 
 import farctx  # first: points llama_cpp at farctx's patched library
+from farctx.methods import DEFAULT_GENERATION, DEFAULT_METHOD, fixed_cache
 
 REGISTRY = "farctx-models.json"
 
@@ -71,7 +72,8 @@ def register_commands(cli: click.Group) -> None:
 
 
 class _MethodOption(llm.Options):
-    method: Optional[str] = Field(None, description=f"attention method: {', '.join(farctx.METHODS)}")
+    method: Optional[str] = Field(None, description=f"attention method (default {DEFAULT_METHOD}): "
+                                                    f"{', '.join(farctx.METHODS)}")
 
     @field_validator("method")
     @classmethod
@@ -91,7 +93,8 @@ def _options() -> type[llm.Options]:
     }
     fields.update(
         # the runtime options (farctx.context.RuntimeOptions) that a chat may set, by llama.cpp's names
-        n_ctx=(Optional[int], Field(None, ge=0, description="KV cache cells (default: the method's)")),
+        n_ctx=(Optional[int], Field(None, ge=0, description="KV cache cells (default: what the conversation needs, or "
+                                                             "a fixed-cache method's own)")),
         n_batch=(Optional[int], Field(None, ge=1, description="logical batch (default: 512, at most the cache)")),
         n_ubatch=(Optional[int], Field(None, ge=1, description="physical batch (default: the context plan's)")),
         n_threads=(Optional[int], Field(None, ge=1, description="CPU threads")),
@@ -105,6 +108,7 @@ def _options() -> type[llm.Options]:
 
 
 _METHOD_FIELDS = ("method", *farctx.MethodParams.names())
+_TEMPLATE_TOKENS = 16  # a chat template's tokens around one message, counted generously
 _RUNTIME_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "flash_attn")
 
 
@@ -118,17 +122,29 @@ class FarctxModel(llm.Model):
         self.path = path
         self._llm: Any = None
         self._loaded: Optional[dict[str, Any]] = None
+        self._vocab: Any = None
 
-    def _engine(self, kwargs: dict[str, Any]) -> Any:
+    def _engine(self, kwargs: dict[str, Any], n_prompt: int, n_predict: int) -> Any:
         """farctx.Llama for these options (the method, its parameters, n_ctx), loaded again when they change;
-        its cache sized as every farctx command sizes it (the context plan: n_ctx unset is what the method needs)."""
-        if self._loaded != kwargs:
+        its cache sized as every farctx command sizes it (the context plan). With n_ctx unset, a conversation of
+        n_prompt tokens + n_predict gets a cache that holds it, as `farctx generate` sizes one for its prompt: a
+        document past the trained context is read (auto), not refused."""
+        sized = "n_ctx" not in kwargs and not fixed_cache(kwargs.get("method", DEFAULT_METHOD))
+        if self._loaded != kwargs or (sized and self._llm.n_ctx() < n_prompt + n_predict):
             if self._llm is not None:
                 self._llm.close()
                 self._llm, self._loaded = None, None
-            self._llm = farctx.Llama(self.path, **kwargs)
+            extra = dict(n_prompt=n_prompt, n_predict=n_predict) if sized else {}
+            self._llm = farctx.Llama(self.path, **kwargs, **extra)
             self._loaded = kwargs
         return self._llm
+
+    def _count(self, messages: list[dict[str, str]]) -> int:
+        """Tokens of the conversation, its chat template's own counted generously (the cache is sized from it)."""
+        if self._vocab is None:
+            self._vocab = farctx.Llama(self.path, vocab_only=True)
+        text = "".join(m["content"] for m in messages)
+        return len(self._vocab.tokenize(text.encode("utf-8"), add_bos=True)) + _TEMPLATE_TOKENS * len(messages)
 
     def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
                 conversation: Optional[llm.Conversation]) -> Iterator[str]:
@@ -137,8 +153,10 @@ class FarctxModel(llm.Model):
                   if getattr(options, name) is not None}
         sampling = {name: getattr(options, name) for name in ("max_tokens", "temperature", "seed")
                     if getattr(options, name) is not None}
-        llm = self._engine(kwargs)
-        for chunk in llm.create_chat_completion(messages=_messages(prompt, conversation), stream=True, **sampling):
+        messages = _messages(prompt, conversation)
+        n_predict = sampling.get("max_tokens") or DEFAULT_GENERATION
+        llm = self._engine(kwargs, self._count(messages), n_predict)
+        for chunk in llm.create_chat_completion(messages=messages, stream=True, **sampling):
             piece = chunk["choices"][0]["delta"].get("content")
             if piece:
                 yield piece

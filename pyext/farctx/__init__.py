@@ -1,7 +1,7 @@
 """farctx: run GGUF language models past their trained context inside llama.cpp.
 
     import farctx
-    llm = farctx.Llama(method="vanilla")          # the bundled default model
+    llm = farctx.Llama()      # the bundled default model; auto: stock inside its trained context, dca past it
     print(llm("Once upon a time", max_tokens=32)["choices"][0]["text"])
 """
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .context import LoadedModel, RuntimeOptions
 from .errors import FarctxError
-from .methods import ContextPlan, MethodParams
+from .methods import DEFAULT_METHOD, ContextPlan, MethodParams
 from ._native import native
 from .stream import Stream, feed_together
 
@@ -87,7 +87,7 @@ class SequenceBatch:
             raise FarctxError(f"sequence {seq} is not open")
         return stream
 
-    def open(self, seq: int, method: str = "vanilla", **params: int) -> None:
+    def open(self, seq: int, method: str = DEFAULT_METHOD, **params: int) -> None:
         """(Re)start stream `seq` empty, under `method` and its parameters (farctx.Llama's names)."""
         self._check_seq(seq)
         chosen = MethodParams.from_kwargs(method, params)

@@ -217,7 +217,8 @@ def _batch_invariant(ctx: Any) -> bool:
 
 def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> dict[str, str]:
     """For each method: "yes", or libfarctx's reason why it cannot run on this model in this build
-    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"."""
+    (farctx_method_supported, the check farctx_session_init makes), as "no: <reason>"; a method that runs another
+    one here (auto on a model only vanilla runs: farctx_method_for_model) as "as <method>: <reason>"."""
     path = model.path if isinstance(model, ModelInfo) else model
     loaded = LoadedModel(path, RuntimeOptions())  # memory-mapped on the CPU: the weights are not read
     try:
@@ -229,6 +230,10 @@ def method_support(model: ModelInfo | str | os.PathLike[str] | None = None) -> d
             name = nat.ffi.string(nat.lib.farctx_method_name(code)).decode()
             rc = nat.lib.farctx_method_supported(code, c_model, err, 512)
             result[name] = "yes" if rc == nat.lib.FARCTX_OK else "no: " + nat.ffi.string(err).decode()
+            runs = nat.lib.farctx_method_for_model(code, c_model, err, 512)
+            if rc == nat.lib.FARCTX_OK and runs != code:
+                other = nat.ffi.string(nat.lib.farctx_method_name(runs)).decode()
+                result[name] = f"as {other}: {nat.ffi.string(err).decode()}"
     finally:
         loaded.close()
     return result

@@ -18,7 +18,7 @@ from . import rpc
 from .errors import EmptyPromptError, FarctxError
 from .context import ModelFacts, RuntimeOptions, batch_sizes, plan_for
 from .grammar import check_grammar
-from .methods import ContextPlan, MethodParams
+from .methods import DEFAULT_METHOD, ContextPlan, MethodParams
 from .models import check_gguf, resolve_model_path
 from ._native import llama_log, native
 from .stream import ProgressFn, Stream, check_params
@@ -58,13 +58,15 @@ class Llama(_N.llama_cpp.Llama):  # type: ignore[misc, name-defined]
         self,
         model_path: Optional[str | os.PathLike[str]] = None,
         *,
-        method: str = "vanilla",
+        method: str = DEFAULT_METHOD,
         progress: Optional[ProgressFn] = None,
         n_prompt: int = 0,
         n_predict: int = 0,
         **kwargs: Any,
     ) -> None:
         method_values = {name: kwargs.pop(name) for name in MethodParams.names() if name in kwargs}
+        if kwargs.get("embedding") and method == "auto":
+            method = "vanilla"  # embeddings share one cache across sequences: llama.cpp's own attention
         unknown = sorted(set(kwargs) - _LLAMA_KWARGS - set(RuntimeOptions.names()))
         if unknown:  # llama_cpp.Llama swallows unknown keywords; a typo should not pass silently
             raise FarctxError(f"unexpected keyword argument(s): {', '.join(unknown)}")

@@ -26,6 +26,7 @@ class MethodInfo:
     head: Optional[str]  # the parameter counting the head tokens never evicted (n_global, n_sink)
     model_kinds: int  # enum farctx_model_kind bits
     whole_prompt: bool  # plans its prompt from the one feed that brings it (mesa's chunks)
+    stock_inside: bool  # llama.cpp's own graph inside the trained context, a cache sized as stock's (vanilla, auto)
 
     @property
     def whole_stream(self) -> bool:
@@ -54,6 +55,10 @@ class ParamInfo:
         return f"{who}{self.help}{default}"
 
 
+# what every surface runs when no method is named: stock inside the trained context, an extension past it
+DEFAULT_METHOD = "auto"
+
+
 def _native() -> Any:
     from ._native import native
 
@@ -79,7 +84,7 @@ def _tables() -> tuple[tuple[MethodInfo, ...], tuple[ParamInfo, ...]]:
     methods = tuple(
         MethodInfo(names[m], text(r.help), bool(r.fixed_cache), bool(r.stock_graph),
                    params[r.head_param].name if r.head_param >= 0 else None, int(r.model_kinds),
-                   bool(r.whole_prompt))
+                   bool(r.whole_prompt), bool(r.stock_inside))
         for m, r in enumerate(raw_methods)
     )
     return methods, params
@@ -156,12 +161,14 @@ class _MethodParamsBase:
 
     def describe(self) -> str:
         values = ", ".join(f"{k} {v}" for k, v in self.relevant().items())
+        if self.info.stock_inside and not self.info.stock_graph:  # auto: what it runs where
+            return f"{self.method}: {self.info.help} ({values})"
         return f"{self.method} ({values})"
 
 
 @lru_cache(maxsize=1)
 def _method_params_class() -> type:
-    spec: list[Any] = [("method", str, "vanilla")] + [(p.name, int, p.default) for p in param_infos()]
+    spec: list[Any] = [("method", str, DEFAULT_METHOD)] + [(p.name, int, p.default) for p in param_infos()]
     cls = make_dataclass("MethodParams", spec, bases=(_MethodParamsBase,), namespace={"__module__": __name__})
     cls.__doc__ = _MethodParamsBase.__doc__
     assert [f.name for f in fields(cls)][1:] == cls.names()
@@ -213,7 +220,7 @@ def split_method_kwargs(kwargs: dict[str, Any]) -> Any:
     left alone)."""
     names = set(_method_params_class().names())
     values = {k: v for k, v in kwargs.items() if k in names}
-    return _method_params_class().from_kwargs(kwargs.get("method", "vanilla"), values)
+    return _method_params_class().from_kwargs(kwargs.get("method", DEFAULT_METHOD), values)
 
 
 def native_mesa_schedule(n: int, **params: int) -> tuple[bool, int, int]:

@@ -10,6 +10,7 @@ in shared llama_decode calls. Nothing else in the package calls a farctx_session
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -60,6 +61,7 @@ class Stream:
         self.method = MethodParams.from_c(_lib.farctx_session_params(session), _ffi, _lib)  # defaults resolved
         self.tokens: list[int] = []
         self._progress_error: Optional[BaseException] = None
+        self._warned_past_train = False
 
     @property
     def n_past(self) -> int:
@@ -102,7 +104,18 @@ class Stream:
                 raise error
             raise _error_class(rc)(message)
         self.tokens.extend(fed)
+        self._note_length()
         return out[len(replay):] if out is not None else None
+
+    def _note_length(self) -> None:
+        """Once per stream, as llama.cpp warns of a context past the trained one: stock attention past the trained
+        context reads distances the model never saw."""
+        n_train = self.method.n_ctx_train
+        if self.method.info.stock_graph and self.n_past > n_train and not self._warned_past_train:
+            self._warned_past_train = True
+            print(f"farctx: warning: {self.method.method} read {self.n_past} tokens, past the model's trained context "
+                  f"({n_train}): its output degrades from there; --method auto (the default) reads past it",
+                  file=sys.stderr)
 
     def rewind(self, n_keep: int) -> None:
         """Keep the first `n_keep` tokens (fed again from the start where the method cannot cut there)."""
@@ -231,6 +244,7 @@ def feed_together(streams: Sequence[Stream], feeds: Sequence[Sequence[int]]) -> 
     for stream, arr in zip(streams, arrays):
         n_fed = stream._session_n_past() - stream.n_past
         stream.tokens.extend(int(t) for t in arr[:n_fed])
+        stream._note_length()
     if rc != _lib.FARCTX_OK:
         at = failed[0] if 0 <= failed[0] < len(streams) else 0
         streams[at]._raise(rc, f"sequence {streams[at].seq}: ")

@@ -148,7 +148,8 @@ class Scheduler:
             if need > n_ctx:
                 raise ContextSizeError(
                     f"{info.name} keeps the whole stream in the cache: {n_prompt} prompt tokens + {generation} to "
-                    f"generate need {need} cells, more than a slot's {n_ctx} (-c / -np)", n_prompt, n_ctx)
+                    f"generate need {need} cells, more than a slot's {n_ctx}: raise -c (shared by the -np slots), or "
+                    f"use method lminf, which streams through a fixed-size cache without bound", n_prompt, n_ctx)
         room = n_ctx - cache_cells(params, self.n_ctx_train, self.n_ubatch, n_prompt, 1) + 1
         return max(1, min(asked or MAX_GENERATION, room))
 

@@ -121,6 +121,7 @@ class Server:
         resolved = self.batch.method(0)  # defaults resolved by libfarctx against the model
         self.meta = {
             "method": resolved.method,
+            "method_summary": resolved.describe(),  # what auto runs inside and past the trained context
             "params": resolved.relevant(),
             "n_ctx": self.batch.n_ctx_seq,  # per slot
             "n_ctx_train": self.n_ctx_train,
