@@ -36,6 +36,7 @@ PARAMS: dict[str, dict[str, int]] = {
     "selfextend": {"group": 4, "neighbor": 8},
     "dca": {"chunk_size": 24, "local_window": 4},
     "string": {"shifted_offset": 12, "local_value": 4},
+    "auto": {"chunk_size": 24, "local_window": 4},
 }
 
 

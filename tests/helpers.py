@@ -103,6 +103,7 @@ def next_token_logits(model: Path, tokens: list[int], n_fed: int, change=None, *
     import farctx
     import llama_cpp
 
+    kwargs.setdefault("method", "vanilla")  # llama.cpp's own attention unless a test names a method
     llm = farctx.Llama(str(model), **kwargs)
     try:
         llm.eval(tokens[:n_fed])
@@ -126,6 +127,7 @@ def engine_logits(model: Path, tokens: list[int], n_prefill: int, *, n_ubatch: i
     `stats`, if given, receives the session's counters at the end."""
     import farctx
 
+    kwargs.setdefault("method", "vanilla")  # llama.cpp's own attention unless a test names a method
     llm = farctx.Llama(str(model), n_ctx=n_ctx or len(tokens), n_batch=max(n_prefill, 1), n_ubatch=n_ubatch,
                        logits_all=True, type_k=type_k, type_v=type_v, flash_attn=flash_attn, **kwargs)
     try:

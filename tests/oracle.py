@@ -432,6 +432,8 @@ def rule_for(method: str, n: int, params: dict[str, int], n_ctx_train: int, n_pr
         return dca_rule(n, params["chunk_size"], params["local_window"])
     if method == "string":
         return string_rule(n, params["shifted_offset"], params["local_value"])
+    if method == "auto":
+        return auto_rule(n, n_ctx_train, params["chunk_size"], params["local_window"])
     return method_rule(method, n, params["n_local"], params.get("n_global", 0), params.get("n_sink", 0))
 
 
@@ -493,6 +495,15 @@ def dca_rule(n: int, chunk_size: int, local_window: int) -> AttentionRule:
     relpos = np.where(cj == ci, i - j, np.where(cj == ci - 1, q_succ - j % s, q_inter - j % s))
     allowed = j <= i
     return AttentionRule(allowed=allowed, relpos=np.where(allowed, relpos, 0), lam=np.ones(n))
+
+
+def auto_rule(n: int, n_ctx_train: int, chunk_size: int, local_window: int) -> AttentionRule:
+    """auto (docs/methods.md, 1.6): the queries before n_ctx_train at true distances, the later ones by dca_rule."""
+    rule = dca_rule(n, chunk_size, local_window)
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    relpos = np.where(i < n_ctx_train, i - j, rule.relpos)
+    return AttentionRule(allowed=rule.allowed, relpos=np.where(rule.allowed, relpos, 0), lam=rule.lam)
 
 
 def selfextend_rule(n: int, group: int, neighbor: int) -> AttentionRule:

@@ -48,6 +48,6 @@ def test_generate_json_and_prompt_from_file(tmp_path, tiny_model):
     result = run_cli("generate", "-m", str(tiny_model), "-f", str(prompt), "-n", "5", "--temp", "0", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["method"]["method"] == "vanilla"
+    assert report["method"]["method"] == "auto"  # the default
     assert report["method"]["n_ctx_train"] == 32
     assert report["stats"]["n_past"] == report["prompt_tokens"] + 4  # the last sampled token is not fed back

@@ -22,7 +22,7 @@ sys.path.insert(0, str(PLUGIN_DIR))
 
 from stand_in import adapt  # noqa: E402
 
-METHODS = ["stock", "vanilla", "lminf", "mesa", "dca", "string"]
+METHODS = ["stock", "default", "vanilla", "lminf", "mesa", "dca", "string"]  # default: farctx.Llama's (auto)
 MIN_PASSED = 15  # the upstream tests that run here: fewer means they were not collected
 
 

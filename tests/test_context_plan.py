@@ -60,6 +60,8 @@ def test_several_streams_share_c():
 def test_whole_stream_methods():
     assert plan("dca").n_ctx_seq == 4 * 8192
     assert plan("vanilla").n_ctx_seq == 8192
+    assert plan("auto").n_ctx_seq == 8192  # sized as stock: -c past the trained context reads past it
+    assert plan("auto", n_prompt=16000, n_predict=128).n_ctx_seq == 16128
     assert plan("dca", n_prompt=1000, n_predict=24).n_ctx_seq == 1024
     p = plan("dca", n_ctx=3000, n_seq=2)
     assert (p.n_ctx_seq, p.n_local) == (1536, 0)
@@ -75,6 +77,7 @@ CASES = [
     ("tiny", ["--method", "lminf", "--n-local", "24", "--n-global", "4"], (768, 24)),  # no -c: 4 + 24 + 512 cells
     ("tiny", ["--method", "streaming", "--n-sink", "2", "-c", "300", "-ub", "32"], (512, 30)),
     ("tiny", ["--method", "dca", "-c", "256"], (256, 0)),  # a whole-stream method in the caller's cache
+    ("tiny", ["-c", "256"], (256, 0)),  # the default, auto: the caller's cache
     ("tiny", ["--method", "lminf", "--n-local", "600", "--n-global", "10", "-ub", "16", "-c", "300"],
      "lminf needs 626 KV cells: n_global + n_local + n_ubatch = 10 + 600 + 16; the KV cache holds 512"),
     ("tiny", ["--method", "lminf", "--n-global", "4", "--n-ctx-train", "2048", "-c", "1024", "-np", "2"],
@@ -102,7 +105,7 @@ def _reported(text: str) -> Any:
     256 cells"), else its output (the refusal)."""
     import re
 
-    m = re.search(r"farctx: \w+ \(([^)]*)\), cache (\d+) cells", text)
+    m = re.search(r"farctx: [\w-]+[^(\n]* \(([^)]*)\), cache (\d+) cells", text)
     if m is None:
         return text
     local = re.search(r"n_local (\d+)", m.group(1))
@@ -123,7 +126,7 @@ def _generate(model: str, flags: list[str], tmp_path: Any) -> Any:
     if result.returncode != 0:
         return result.stderr
     stats = json.loads(result.stdout)["stats"]
-    return stats["n_ctx"], stats["n_local"] if _pairs(flags)["--method"] != "dca" else 0
+    return stats["n_ctx"], stats["n_local"] if _pairs(flags).get("--method") != "dca" else 0
 
 
 def _chat(model: str, flags: list[str], tmp_path: Any) -> Any:
@@ -149,7 +152,7 @@ def _llm_plugin(model: str, flags: list[str], tmp_path: Any) -> Any:
     plugin = llm_farctx.FarctxModel("table", model)
     try:
         options = llm_farctx.FarctxModel.Options(**_kwargs(flags))  # llm's -o options, checked as llm checks them
-        llm = plugin._engine({k: v for k, v in options.model_dump().items() if v is not None})
+        llm = plugin._engine({k: v for k, v in options.model_dump().items() if v is not None}, 0, 0)
         stats = llm.stats()
         llm.close()
         return stats["n_ctx"], stats["n_local"] if llm.method_params.method != "dca" else 0

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from helpers import F16, F32, Q8_0, engine_logits, kv_id, random_tokens, toleran
 from oracle import OracleModel, rule_for
 from tiny_gguf import NARROW6, write_tiny_gguf
 
-METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend", "dca", "string"]
+METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend", "dca", "string",
+           "auto"]
 # flash attention off and on, F16 and Q8_0 caches (a quantized V needs flash attention)
 DEPTH_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, F16, False), (Q8_0, Q8_0, True)]
 WORKER = Path(__file__).with_name("depth_worker.py")
@@ -36,8 +38,18 @@ def _worker(model, method: str, kv, *extra: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kv", DEPTH_KV, ids=kv_id)
-@pytest.mark.parametrize("method", METHODS)
+def cases(kvs: list[tuple[int, int, bool]]) -> list[Any]:
+    """(method, kv) for every method and KV configuration; auto, whose operations past the trained context are
+    dca's (run in every configuration), in the configurations of REDUCED only (the suite's time)."""
+    return [pytest.param(m, kv, id=f"{m}-{kv_id(kv)}") for m in METHODS for kv in kvs
+            if m not in REDUCED or kv in REDUCED[m]]
+
+
+# flash attention off with an F16 cache, on with a quantized one
+REDUCED = {"auto": [(F16, F16, False), (Q8_0, Q8_0, True)]}
+
+
+@pytest.mark.parametrize("method, kv", cases(DEPTH_KV))
 def test_streams_at_depth_match_each_stream_alone(deep_model, method, kv):
     type_k, type_v, fa = kv
     report = _worker(deep_model, method, kv)
@@ -58,8 +70,7 @@ def test_streams_at_depth_match_each_stream_alone(deep_model, method, kv):
 DETERMINISTIC_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
 
-@pytest.mark.parametrize("kv", DETERMINISTIC_KV, ids=kv_id)
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method, kv", cases(DETERMINISTIC_KV))
 def test_deterministic_streams_bitwise_equal_alone(deep_model, method, kv):
     """With batch-invariant kernels every stream's logits are bitwise those it gets alone, whatever its
     neighbours, its ubatch pieces and the paths the graph takes for them."""
@@ -87,7 +98,7 @@ NARROW_KV = [(F32, F32, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
 
 def method_kwargs(method: str) -> dict[str, int]:
-    return {"mesa": MESA, "selfextend": SELFEXTEND, "dca": DCA, "string": STRING, "vanilla": {},
+    return {"mesa": MESA, "selfextend": SELFEXTEND, "dca": DCA, "auto": DCA, "string": STRING, "vanilla": {},
             "streaming": {"n_local": 28, "n_sink": 4}}.get(method, {"n_local": 32, "n_global": 10})
 
 

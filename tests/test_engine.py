@@ -10,10 +10,25 @@ from helpers import random_tokens
 import farctx
 
 
+def test_vanilla_past_the_trained_context_says_so_once(tiny_model, capfd):
+    """As llama.cpp warns of a context past the trained one: once per stream, naming the default that reads past it."""
+    llm = farctx.Llama(str(tiny_model), method="vanilla", n_ctx=256)
+    try:
+        llm.eval(random_tokens(30, seed=3))
+        assert "warning" not in capfd.readouterr().err
+        llm.eval(random_tokens(10, seed=4))
+        llm.eval(random_tokens(10, seed=5))
+        err = capfd.readouterr().err
+        assert err.count("farctx: warning: vanilla read 40 tokens, past the model's trained context (32)") == 1, err
+        assert "--method auto (the default) reads past it" in err
+    finally:
+        llm.close()
+
+
 def test_is_a_llama_cpp_llama(tiny_model):
     llm = farctx.Llama(str(tiny_model), n_ctx=128)
     assert isinstance(llm, llama_cpp.Llama)
-    assert llm.method_params.method == "vanilla"
+    assert llm.method_params.method == "auto"  # the default: stock inside the trained context
     assert llm.method_params.n_ctx_train == 32  # resolved from the GGUF
     assert llm.method_params.n_local == 32
     llm.close()
@@ -88,7 +103,8 @@ def test_sliding_window_models_run_every_method(tmp_path, default_model):
 
 @pytest.mark.parametrize("arch", ["gpt2", "mamba"])
 def test_models_without_rope_or_attention_run_vanilla_and_refuse_the_methods(tmp_path, default_model, arch):
-    """No RoPE (GPT-2) or no attention (Mamba): vanilla runs, every method is refused with the reason."""
+    """No RoPE (GPT-2) or no attention (Mamba): vanilla runs, and so does auto (the default), which says why; every
+    other method is refused with the reason."""
     from refused_gguf import write_gpt2_gguf, write_mamba_gguf
 
     writer = {"gpt2": write_gpt2_gguf, "mamba": write_mamba_gguf}[arch]
@@ -96,8 +112,10 @@ def test_models_without_rope_or_attention_run_vanilla_and_refuse_the_methods(tmp
     reason = {"gpt2": "no RoPE", "mamba": "recurrent layers"}[arch]
     support = farctx.method_support(farctx.model_info(path))
     assert support.pop("vanilla") == "yes"
+    assert support.pop("auto") == f"as vanilla: {reason}"
     assert set(support.values()) == {f"no: {reason}"}
     llm = farctx.Llama(str(path), n_ctx=64)
+    assert llm.method_params.method == "vanilla"
     assert llm.create_completion("Hello", max_tokens=2, temperature=0)["usage"]["completion_tokens"] <= 2
     llm.close()
     for method in support:

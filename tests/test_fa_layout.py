@@ -40,6 +40,7 @@ METHOD_KWARGS: dict[str, dict[str, int]] = {
     "selfextend": dict(group=4, neighbor=8),
     "dca": dict(chunk_size=12, local_window=4),
     "string": dict(shifted_offset=12, local_value=4),
+    "auto": dict(chunk_size=12, local_window=4),
 }
 KV = {"f16": (F16, F16), "q8_0": (Q8_0, Q8_0), "f32": (F32, F32)}
 

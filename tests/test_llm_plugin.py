@@ -38,6 +38,13 @@ def test_plugin_lists_and_runs_a_model(llm_env, tiny_model):
     expected = llm.create_chat_completion(messages=[{"role": "user", "content": prompt}], max_tokens=4,
                                           temperature=0)["choices"][0]["message"]["content"]
     assert run.stdout.strip() == expected.strip() and expected.strip()
+    # no method named: auto, past the trained context as farctx.Llama's default reads it
+    run = _llm(llm_env, "-m", "farctx/tiny", "-o", "max_tokens", "4", "-o", "temperature", "0", prompt)
+    assert run.returncode == 0, run.stderr
+    llm = farctx.Llama(str(tiny_model), n_ctx=256)
+    expected = llm.create_chat_completion(messages=[{"role": "user", "content": prompt}], max_tokens=4,
+                                          temperature=0)["choices"][0]["message"]["content"]
+    assert llm.method_params.method == "auto" and run.stdout.strip() == expected.strip() and expected.strip()
 
 
 def test_plugin_rejects_an_unknown_method(llm_env, tiny_model):

@@ -34,6 +34,8 @@ GROUPS = {
     "rerope2-vanilla2": [("rerope", 75, 0), ("rerope", 50, 2), ("vanilla", 40, 0), ("vanilla", 64, 3)],
     "dca2-selfextend-lminf": [("dca", 90, 0), ("dca", 60, 2), ("selfextend", 96, 1), ("lminf", 80, 0)],
     "string2-rerope-vanilla": [("string", 90, 0), ("string", 60, 2), ("rerope", 75, 1), ("vanilla", 40, 0)],
+    # auto's streams cross the trained context at different decodes, beside a dca stream of the same chunks
+    "auto2-dca-vanilla": [("auto", 90, 0), ("auto", 28, 3), ("dca", 80, 1), ("vanilla", 40, 2)],
 }
 KV = [(F32, F32, False), (F16, F16, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
@@ -43,7 +45,7 @@ def method_kwargs(method: str) -> dict[str, int]:
         return {**MESA}
     if method == "selfextend":
         return {**SELFEXTEND}
-    if method == "dca":
+    if method in ("dca", "auto"):
         return {**DCA}
     if method == "string":
         return {**STRING}

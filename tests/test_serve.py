@@ -374,7 +374,13 @@ def test_one_slot_by_default_metrics_when_asked_and_sizes_checked_at_start(tiny_
         assert httpx.get(f"{base}/metrics").status_code == 401
         assert httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer k"}).status_code == 501
         meta = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["meta"]
-        assert meta["n_parallel"] == 1 and meta["n_ctx"] == 256  # vanilla: n_ctx_train (32), rounded by llama.cpp
+        assert meta["n_parallel"] == 1 and meta["n_ctx"] == 256  # auto: n_ctx_train (32), rounded by llama.cpp
+        assert meta["method"] == "auto" and meta["method_summary"].startswith("auto: stock llama.cpp inside the "
+                                                                               "trained context, Dual Chunk")
+        # no method named: a prompt of twice the trained context is answered (auto reads past it)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
+        got = client.completions.create(model="any", prompt=MID, max_tokens=4, temperature=0)
+        assert got.usage.prompt_tokens > 2 * 32 and got.usage.completion_tokens == 4
     # a fixed-cache method's slots below what it needs: refused at start, with the sizes
     # (-c 300 -np 2: llama.cpp rounds 300 up to 512 cells, 256 per stream; an unset n_local would fit into them)
     small = subprocess.run([sys.executable, "-m", "farctx.cli.main", "serve", "-m", str(tiny_model), "--method",

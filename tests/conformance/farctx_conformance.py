@@ -1,7 +1,7 @@
 """A pytest plugin that runs llama-cpp-python's own tests against farctx.Llama (tests/test_conformance.py).
 
-FARCTX_CONFORMANCE_METHOD names the method every `llama_cpp.Llama(...)` of those tests runs: a farctx method, or
-"stock" (llama_cpp.Llama itself on the same patched library). The downloads are answered by stand_in.py; scipy
+FARCTX_CONFORMANCE_METHOD names the method every `llama_cpp.Llama(...)` of those tests runs: a farctx method,
+"default" (farctx.Llama given no method), or "stock" (llama_cpp.Llama itself on the same patched library). The downloads are answered by stand_in.py; scipy
 (imported by test_llama.py, never called) is replaced by a module with its one function when it is absent.
 
 FARCTX_CONFORMANCE_BREAK=load_state makes farctx.Llama.load_state skip the stream, as before farctx restored it:
@@ -58,7 +58,8 @@ class _MethodLlama(farctx.Llama):
     """farctx.Llama with the method of this run, for code that constructs `llama_cpp.Llama(...)`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("method", METHOD)
+        if METHOD != "default":
+            kwargs.setdefault("method", METHOD)
         super().__init__(*args, **kwargs)
 
     if BREAK == "load_state":
