@@ -285,14 +285,6 @@ def run_niah(model: Optional[str], method_list: list[str], length_list: list[int
         click.echo(f"farctx: niah {method}: {len(order) - len(cells)} of {len(order)} samples already in "
                    f"{json_path}" if path and len(cells) < len(order) else f"farctx: niah {method}: "
                    f"{len(order)} samples", err=True)
-        if not cells:
-            continue
-        llm = _make_llm(model, method, max(length_list) + reserve, base)
-        try:
-            grid.set_method(method, llm.method_params.describe())
-        except ValueError as exc:
-            llm.close()
-            raise click.BadParameter(str(exc), param_hint="--json") from None
 
         def show(r: Any) -> None:
             grid.add(r)
@@ -301,10 +293,19 @@ def run_niah(model: Optional[str], method_list: list[str], length_list: list[int
                        f"{'right' if r.correct else 'wrong'} {r.answer!r} (key {r.key}; read {r.prompt_read} of "
                        f"{r.prompt_tokens} prompt tokens, {r.seconds:.0f} s)", err=True)
 
-        try:
-            run_cells(llm, sampler, method, cells, tokenize, show)
-        finally:
-            llm.close()
+        # one engine per length, set up as a user reading that many tokens gets it (selfextend's group grows with
+        # the length); the samples of a length share their prefixes through its prompt cache
+        for length in sorted({c[0] for c in cells}):
+            llm = _make_llm(model, method, length + reserve, base)
+            try:
+                grid.set_method(method, length, llm.method_params.describe())
+            except ValueError as exc:
+                llm.close()
+                raise click.BadParameter(str(exc), param_hint="--json") from None
+            try:
+                run_cells(llm, sampler, method, [c for c in cells if c[0] == length], tokenize, show)
+            finally:
+                llm.close()
     vocab.close()
     elapsed = time.monotonic() - started
     records = [r for r in grid.records if r.method in method_list and r.length in length_list

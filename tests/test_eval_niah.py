@@ -220,6 +220,35 @@ def test_cli_niah_json_plot_and_resume(tmp_path, tiny_model):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+def test_cli_niah_parameters_per_length(tmp_path, tiny_model):
+    """Each length runs the method as sized for it (selfextend's group grows with the length); the JSON keeps the
+    parameters per length, and a file from before, one description per method, resumes."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC)
+    path = tmp_path / "g.json"
+
+    def niah(lengths: str, *extra: str):
+        return run_cli("eval", "niah", "-m", str(tiny_model), "--methods", "selfextend", "--lengths", lengths,
+                       "--depths", "0.5", "--haystack", str(doc), "--json", str(path), *extra)
+
+    out = niah("128,256", "--samples", "1")
+    assert out.returncode == 0, out.stderr
+    params = json.loads(path.read_text())["methods"]["selfextend"]
+    assert set(params) == {"128", "256"} and params["128"] != params["256"]
+    said = [line for line in out.stderr.splitlines() if line.startswith("farctx: selfextend (")]
+    assert len(said) == 2 and said[0].startswith(f"farctx: {params['128']}, cache")
+    payload = json.loads(path.read_text())
+    legacy = dict(payload, methods={"selfextend": params["128"]},
+                  samples=[r for r in payload["samples"] if r["length"] == 128])
+    path.write_text(json.dumps(legacy))
+    resumed = niah("128,256", "--samples", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "1 of 2 samples already" in resumed.stderr
+    assert json.loads(path.read_text())["methods"]["selfextend"] == params
+    forced = niah("128", "--samples", "2", "--group", "8")  # a new sample at a length held under other parameters
+    assert forced.returncode == 2 and "holds selfextend at 128 tokens with other parameters" in forced.stderr
+
+
 def test_cli_passkey_is_niah_with_its_defaults(tmp_path, tiny_model):
     pk = run_cli("eval", "passkey", "-m", str(tiny_model), "--methods", "vanilla,streaming", "--lengths", "96",
                  "--samples", "2", "--json", "-")

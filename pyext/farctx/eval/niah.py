@@ -408,7 +408,7 @@ def effective_length(records: Sequence[Record], method: str, n_ctx_train: int, t
 
 @dataclass
 class GridFile:
-    """The grid's JSON: header (model, protocol, methods' parameters) and every sample; written after each sample, so
+    """The grid's JSON: header (model, protocol, each method's parameters per length) and every sample; written after each sample, so
     that a run stopped anywhere resumes where it stopped."""
 
     path: Optional[Path]
@@ -426,19 +426,25 @@ class GridFile:
                 raise ValueError(f"{path} holds a grid of another {name} ({old.get(name)!r}, this run "
                                  f"{header.get(name)!r}): give another --json, or remove it to start again")
         grid.header = dict(old, **{k: v for k, v in header.items() if k != "methods"})
-        grid.header["methods"] = dict(old.get("methods", {}))
         for name in ("cells", "samples"):
             grid.header.pop(name, None)
         grid.records = [Record(**r) for r in old.get("samples", [])]
+        grid.header["methods"] = {}
+        for method, params in old.get("methods", {}).items():
+            if isinstance(params, str):  # one description for the method: it holds for each length it has samples of
+                params = {str(r.length): params for r in grid.records if r.method == method}
+            grid.header["methods"][method] = dict(params)
         return grid
 
-    def set_method(self, method: str, params: str) -> None:
-        """Record a method's parameters; a grid holding it under other parameters is refused."""
-        known = self.header.setdefault("methods", {})
-        if method in known and known[method] != params:
-            raise ValueError(f"{self.path} holds {method} with other parameters ({known[method]}; this run: "
-                             f"{params}): give another --json, or remove it to start again")
-        known[method] = params
+    def set_method(self, method: str, length: int, params: str) -> None:
+        """Record the parameters a method ran with at a length (they can depend on it: selfextend's group); a grid
+        holding that length under other parameters is refused."""
+        known = self.header.setdefault("methods", {}).setdefault(method, {})
+        if known.get(str(length), params) != params:
+            raise ValueError(f"{self.path} holds {method} at {length} tokens with other parameters "
+                             f"({known[str(length)]}; this run: {params}): give another --json, or remove it to "
+                             f"start again")
+        known[str(length)] = params
 
     def done(self) -> set[tuple[str, int, Optional[float], int]]:
         return {r.cell() for r in self.records}
