@@ -24,8 +24,9 @@ from helpers import F16, F32, Q8_0, engine_logits, kv_id, random_tokens, toleran
 from oracle import OracleModel, rule_for
 from tiny_gguf import NARROW6, write_tiny_gguf
 
-METHODS = ["vanilla", "lminf", "window", "lambda-only", "rerope", "streaming", "mesa", "selfextend", "dca", "string",
-           "auto"]
+from farctx.methods import method_names
+
+METHODS = list(method_names())  # every method of libfarctx's table (tests/depth_worker.py: its parameters)
 # flash attention off and on, F16 and Q8_0 caches (a quantized V needs flash attention)
 DEPTH_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, F16, False), (Q8_0, Q8_0, True)]
 WORKER = Path(__file__).with_name("depth_worker.py")

@@ -182,3 +182,19 @@ def test_the_package_has_no_import_circle():
         from_stream = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "stream"
                        for a in n.names}
         assert not {a for a in from_stream if a.startswith("_") or a == "LOG"}, (name, from_stream)
+
+
+# the suites that run every method, and the table in each that holds a method's test parameters or case
+EVERY_METHOD = [("depth_worker", "PARAMS"), ("test_depth", "METHODS"), ("test_oracle_families", "CASES"),
+                ("test_fa_layout", "METHOD_KWARGS"), ("test_rpc", "CASES")]
+
+
+@pytest.mark.parametrize("module, table", EVERY_METHOD, ids=[m for m, _ in EVERY_METHOD])
+def test_every_method_suite_covers_the_method_table(module, table):
+    """A method added to libfarctx's table fails here, naming each suite that needs its test parameters, instead
+    of being left out of it silently."""
+    import importlib
+
+    names = set(farctx.METHODS)
+    held = set(getattr(importlib.import_module(module), table))
+    assert held == names, f"tests/{module}.py {table}: missing {sorted(names - held)}, unknown {sorted(held - names)}"

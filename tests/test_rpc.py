@@ -22,6 +22,7 @@ from helpers import run_cli
 from oracle import rule_for
 from test_oracle_dca import DCA
 from test_oracle_mesa import L_TR, MESA, SELFEXTEND
+from test_oracle_string import STRING
 from test_oracle_methods import rule as methods_rule
 
 import farctx
@@ -39,6 +40,8 @@ CASES = {
     "mesa": (130, 100, 100, MESA),
     "selfextend": (128, 96, 21, SELFEXTEND),
     "dca": (128, 96, 25, DCA),
+    "string": (128, 96, 27, STRING),
+    "auto": (128, 96, 29, DCA),  # stock up to the trained context (32), dca's chunks past it
 }
 # layer 0 on the first server, layer 1 and the output on the second (llama.cpp's -ts: n_layer + 1 slots)
 TENSOR_SPLIT = [1.0, 2.0]
