@@ -121,3 +121,23 @@ def test_models_without_rope_or_attention_run_vanilla_and_refuse_the_methods(tmp
     for method in support:
         with pytest.raises(farctx.FarctxError, match=f"{method} cannot run on this model \\({reason}\\)"):
             farctx.Llama(str(path), method=method)
+
+
+def test_progress_line_counts_each_prompt_from_its_own_start(tiny_model):
+    """One Progress serves every prompt an engine reads (eval niah, chat): each prompt's rate and ETA count from its
+    own start, not from the engine's first prompt."""
+    import io
+    import time
+
+    from farctx.progress import Progress
+
+    out = io.StringIO()
+    line = Progress("prefill", stream=out, interval=0.0)
+    line.start -= 1000.0  # as if the engine had read another prompt for 1000 s
+    llm = farctx.Llama(str(tiny_model), n_ctx=256, n_batch=16, n_ubatch=16, progress=line)
+    t0 = time.monotonic()
+    llm.eval(random_tokens(64, seed=4))
+    took = time.monotonic() - t0
+    rates = [float(x.split(" tok/s")[0].rsplit(", ", 1)[1].replace(",", "")) for x in out.getvalue().splitlines()]
+    assert rates and min(rates) >= 16 / max(took, 1e-3) * 0.5, (rates, took)  # not 64 tokens over 1000 s
+    llm.close()

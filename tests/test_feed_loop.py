@@ -53,7 +53,8 @@ def test_progress_counts_every_chunk_and_cancels(tiny_model):
     seen: list[tuple[int, int]] = []
     _llama_rows(tiny_model, "lminf", random_tokens(70, seed=3), progress=lambda d, t: seen.append((d, t)))
     prompt = [d for d, t in seen if t == 66]
-    assert prompt == sorted(prompt) and prompt[-1] == 66 and len(prompt) == -(-66 // N_UBATCH)
+    assert prompt[0] == 0, "a feed starts with (0, total)"
+    assert prompt == sorted(prompt) and prompt[-1] == 66 and len(prompt) == 1 + -(-66 // N_UBATCH)
 
     def stop(done: int, total: int) -> None:
         if done >= 32:

@@ -8,7 +8,8 @@ from typing import TextIO
 
 
 class Progress:
-    """Call with (done, total); prints at most every `interval` seconds, and once at the end."""
+    """Call with (done, total); prints at most every `interval` seconds, and once at the end. (0, total) starts
+    the clock again: one Progress serves every prompt an engine reads, each with its own rate and ETA."""
 
     def __init__(self, label: str, stream: TextIO | None = None, interval: float = 0.5,
                  min_total: int = 0) -> None:
@@ -24,6 +25,9 @@ class Progress:
         if total < self.min_total:
             return
         now = time.monotonic()
+        if done == 0:  # a new feed: its rate counts from here
+            self.start = self.last = now
+            return
         finished = done >= total
         if not finished and now - self.last < self.interval:
             return

@@ -22,7 +22,8 @@ _N = native()
 _ffi, _lib = _N.ffi, _N.lib
 llama_log()  # installed before any model loads
 
-# progress(n_done, n_total) -> None; raise to cancel the feed (the exception comes out of it)
+# progress(tokens read, tokens to read) of one feed: (0, n) when it starts, then after each llama_decode; raise to
+# cancel the feed (the exception comes out of it)
 ProgressFn = Callable[[int, int], None]
 
 _ERR_SIZE = 512
@@ -93,6 +94,8 @@ class Stream:
         arr = np.ascontiguousarray(np.asarray(fed, dtype=np.int32))
         out = np.empty((len(fed), self.n_vocab), dtype=np.single) if all_logits else None
         callback = self._progress_callback(progress)
+        if progress is not None:
+            progress(0, len(fed))  # the feed starts (a raise here cancels it before anything is read)
         rc = _lib.farctx_session_feed(self._session, _ffi.from_buffer("int32_t[]", arr), len(fed), all_logits,
                                       _ffi.from_buffer("float[]", out) if out is not None else _ffi.NULL,
                                       callback, _ffi.NULL)
