@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -252,3 +252,14 @@ def concurrently(fns: list) -> list:
     for t in threads:
         t.join(120)
     return [results.get(i) for i in range(len(fns))]
+
+
+def check_rewinds(llm: Any, tokens: list[int], ref: np.ndarray, keeps: Sequence[int], what: str) -> None:
+    """Rewind a streamed farctx.Llama to each of `keeps` (F32 cache, no flash attention) and read the rest again:
+    the logits from there on must be the oracle's `ref`."""
+    n = len(tokens)
+    for keep in keeps:
+        llm.n_tokens = keep
+        llm.eval(tokens[keep:])
+        got = np.array(llm.scores[:n], dtype=np.float64)
+        tolerance(F32, F32, False).check(got[keep:], ref[keep:], f"{what} after a rewind to {keep}")

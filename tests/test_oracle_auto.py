@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import F16, F32, KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from helpers import F16, F32, KV_CONFIGS, check_rewinds, engine_logits, kv_id, random_tokens, tolerance
 from oracle import auto_rule, dca_rule
 
 import farctx
@@ -110,11 +110,7 @@ def test_rewind_across_the_trained_context(tiny_model, oracle, auto_ref):
         rotations = llm.stats()["n_cache_rotations"]
         assert rotations >= 1
         tolerance(F32, F32, False).check(np.array(llm.scores[:N_TOKENS], dtype=np.float64), ref, "auto streamed")
-        for keep in (L_TR + 5, L_TR - 5, 7):
-            llm.n_tokens = keep
-            llm.eval(tokens[keep:])
-            got = np.array(llm.scores[:N_TOKENS], dtype=np.float64)
-            tolerance(F32, F32, False).check(got[keep:], ref[keep:], f"auto after a rewind to {keep}")
+        check_rewinds(llm, tokens[:N_TOKENS], ref, (L_TR + 5, L_TR - 5, 7), "auto")
         assert llm.stats()["n_cache_rotations"] > rotations
     finally:
         llm.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import F16, F32, KV_CONFIGS, engine_logits, kv_id, random_tokens, tolerance
+from helpers import F16, F32, KV_CONFIGS, check_rewinds, engine_logits, kv_id, random_tokens, tolerance
 from oracle import AttentionRule, dca_rule
 
 import farctx
@@ -112,11 +112,7 @@ def test_keys_rotated_in_place_per_phase_and_back_on_rewind(tiny_model, oracle, 
         rotations = llm.stats()["n_cache_rotations"]
         assert n_chunks - 3 <= rotations <= 2 * n_chunks, rotations
         tolerance(F32, F32, False).check(np.array(llm.scores[:N_TOKENS], dtype=np.float64), ref, "dca streamed")
-        for keep in (3 * s + 1, 2 * s - 1, s + 2):  # into an earlier chunk and phase each time
-            llm.n_tokens = keep
-            llm.eval(tokens[keep:])
-            got = np.array(llm.scores[:N_TOKENS], dtype=np.float64)
-            tolerance(F32, F32, False).check(got[keep:], ref[keep:], f"dca after a rewind to {keep}")
+        check_rewinds(llm, tokens[:N_TOKENS], ref, (3 * s + 1, 2 * s - 1, s + 2), "dca")  # an earlier chunk and phase
         assert llm.stats()["n_cache_rotations"] > rotations
     finally:
         llm.close()
