@@ -180,7 +180,7 @@ int32_t farctx_model_kind(const struct llama_model * model, char * why, size_t w
         return FARCTX_MODEL_OTHER;
     }
     /* llama.cpp decides whether its attention graph can take our mask and positions
-     * (patches/0012: the same checks llama_set_attn_extrap makes); the kind below only tells the
+     * (patches/0013: the same checks llama_set_attn_extrap makes); the kind below only tells the
      * method table who may still run (vanilla runs any model, on the stock graph) */
     char reason[256];
     if (llama_model_attn_extrap_supported(model, reason, sizeof(reason))) {

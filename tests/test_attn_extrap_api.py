@@ -136,7 +136,7 @@ def last_logits(model: object, ctx: object) -> np.ndarray:
 
 def test_several_sequences_in_one_unified_cache_refused(tiny_model):
     """Several sequences in one unified cache are refused: their cells would share each query's mask row. One
-    KV stream per sequence is accepted (patch 0014: the callback is called per stream; tests/test_oracle_batch.py
+    KV stream per sequence is accepted (patch 0016: the callback is called per stream; tests/test_oracle_batch.py
     holds it to the oracle)."""
     fill = Fill()
     with raw_context(tiny_model, n_seq_max=2, kv_unified=True) as (_, ctx):
@@ -166,7 +166,7 @@ def test_custom_vanilla_matches_stock(tiny_model):
 @contextmanager
 def reserve_count() -> Iterator[Callable[[], int]]:
     """Counts llama.cpp's compute-buffer reservations while open: its log lines "sched_reserve: reserving ..."
-    (every graph again) and "extrap_reserve_added: reserving ..." (patch 0015: settings the context has not run
+    (every graph again) and "extrap_reserve_added: reserving ..." (patch 0017: settings the context has not run
     before, reserved in place). farctx's own log receiver is put back afterwards."""
     from farctx.engine import _LOG
 
@@ -206,7 +206,7 @@ def test_every_graph_field_reserves(tiny_model, field):
 
 
 def test_settings_run_before_keep_the_buffers(tiny_model):
-    """Patch 0015: the buffers hold every setting the context has run, so switching back to one (Mesa: the last
+    """Patch 0017: the buffers hold every setting the context has run, so switching back to one (Mesa: the last
     chunk's key deltas and query scale after a prompt's middle chunks, then the next prompt's middle chunks
     again) reserves nothing; a setting not run before reserves once, for itself alone."""
     tokens = random_tokens(40, seed=66)
@@ -227,7 +227,7 @@ def test_settings_run_before_keep_the_buffers(tiny_model):
 
 
 def test_kv_first_moves_without_reserving(tiny_model):
-    """Patch 0015: the main segment's first cell moving (kv_first 4 -> 8 -> 12, Mesa's middle chunks) or coming
+    """Patch 0017: the main segment's first cell moving (kv_first 4 -> 8 -> 12, Mesa's middle chunks) or coming
     and going (0 for a prompt's ubatches, n_global for lminf's decoded tokens, 0 for the next prompt) keeps the
     compute buffers, sized for kv_first = 0 and 1; the graph is rebuilt and the logits stay exact
     (test_kv_first_changes_between_ubatches). Before, each switch between 0 and > 0 reserved again: measured
@@ -276,7 +276,7 @@ def test_kv_first_changes_between_ubatches(tiny_model, flash_attn):
     """Vanilla attention split at kv_first into two segments (cells below it as the second segment), with
     kv_first moving between ubatches of one stream: the logits of every ubatch equal stock's. Without flash
     attention to 1e-4. With it (an F16 cache) the segments go through two flash-attention calls merged by their
-    log-sum-exps (patch 0019), while stock makes one call; the CPU kernel for fewer than 64 queries accumulates
+    log-sum-exps (native/llama), while stock makes one call; the CPU kernel for fewer than 64 queries accumulates
     V.P in F16, so the two round differently: measured 0.18% of the logit scale, held to 0.5%."""
     fa = dict(flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)

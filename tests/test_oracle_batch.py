@@ -1,4 +1,4 @@
-"""Several sequences in one context (farctx.SequenceBatch, patch 0014): streams of different methods and
+"""Several sequences in one context (farctx.SequenceBatch, patch 0016): streams of different methods and
 lengths, joining at different steps, prompts fed in pieces beside other streams' decoding, each get the
 logits the numpy oracle gives that stream alone, for every method, with F32/F16/Q8_0 caches and flash
 attention on and off."""

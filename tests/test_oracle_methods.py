@@ -186,10 +186,10 @@ def test_decode_over_a_full_view_merges_two_flash_attentions(tiny_model, oracle,
     """A fixed cache whose live cells are a whole number of 256-cell blocks (streaming's default 4 + 2044 = 2048)
     has, after a prompt of that length, every cell in view in use, and each decoded token takes the cell that
     its eviction just freed: no free cell in view, ever. One query there goes through two flash-attention calls
-    over views of the cache, merged by log-sum-exp in the kernel (patches 0009 and 0019), not through a copy of every
-    cell per token (patch 0019's concatenation, which ran streaming's decode at about half of window's). The decoded
-    tokens equal the oracle's and the flash-attention nodes show the path: decode nodes with lse over cache views whose
-    cells are all live."""
+    over views of the cache, merged by log-sum-exp in the kernel (patch 0009, native/llama), not through a copy of
+    every cell per token (the concatenation of both cell ranges, which ran streaming's decode at about half of
+    window's). The decoded tokens equal the oracle's and the flash-attention nodes show the path: decode nodes with
+    lse over cache views whose cells are all live."""
     from helpers import F16, gpu_layers
 
     head = N_SINK if method == "streaming" else N_GLOBAL
@@ -201,10 +201,10 @@ def test_decode_over_a_full_view_merges_two_flash_attentions(tiny_model, oracle,
     tolerance(F16, F16, True).check(got[n_prefill:], oracle.logits(tokens, ref_rule)[n_prefill:],
                                     f"{method} decode over a full view")
     if gpu_layers():
-        return  # a GPU cache has no log-sum-exp path: patch 0019's concatenation (exact, checked above)
+        return  # a GPU cache has no log-sum-exp path: the concatenation (exact, checked above)
     decode = [node for node in fa_nodes if node.ops["q"].ne[1] == 1]
     seen = [(n.lse, n.ops["k"].origin, n.ops["k"].ne[1]) for n in decode]
-    # the first decoded token may still find free cells in view (the free cells of patch 0019); from then on the
+    # the first decoded token may still find free cells in view (native/llama's free-cell path); from then on the
     # main segment's view is every cell after the head ones, 256 in view, all live
     # (a node per graph computed: a decoded token each)
     main = [node for node in decode if node.ops["k"].ne[1] != head]

@@ -170,8 +170,8 @@ def references(oracle):
     return References(oracle)
 
 
-# flash attention off with F32 K/V (the tightest bound), on with F16 K/V (where its fast paths are: patches
-# 0018, 0019); on the servers' non-host buffers the graph takes the branches it takes on a GPU
+# flash attention off with F32 K/V (the tightest bound), on with F16 K/V (where the mechanism's fast paths are:
+# native/llama); on the servers' non-host buffers the graph takes the branches it takes on a GPU
 KV = [(F32, F32, False), (F16, F16, True)]
 
 
