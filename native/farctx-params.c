@@ -1,4 +1,4 @@
-/* farctx: parameters: defaults, resolution against a model, validation, cache sizing (all from the tables
+/* farctx: parameters: defaults, resolution against a model, validation (all from the tables
  * in farctx-methods.c and the methods' operations) */
 #include "farctx-impl.h"
 
@@ -32,23 +32,6 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
     if (own != NULL && own->ops != NULL && own->ops->resolve != NULL) {
         own->ops->resolve(p);
     }
-}
-
-int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
-                           int64_t n_prompt, int64_t n_predict) {
-    if (params == NULL || farctx_method_def(params->method) == NULL) {
-        return 0;
-    }
-    struct farctx_params p = *params;
-    if (p.n_ctx_train <= 0) {
-        p.n_ctx_train = n_ctx_train;
-    }
-    farctx_params_resolve(&p, NULL);
-    if (farctx_method_fixed_cache(p.method)) {
-        return (int64_t) farctx_params_head(&p) + p.n_local + n_ubatch;
-    }
-    const int64_t stream = (n_prompt > 0 ? n_prompt : 0) + (n_predict > 0 ? n_predict : 0);
-    return stream > 0 ? stream : p.n_ctx_train;
 }
 
 int32_t farctx_params_validate(const struct farctx_params * params, const struct llama_model * model,

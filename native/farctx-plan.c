@@ -14,6 +14,16 @@ static int64_t cells_per_stream(int64_t n_ctx, int32_t n_seq) {
     return n_seq > 1 ? pad256(pad256(n_ctx) / n_seq) : pad256(n_ctx);
 }
 
+/* KV cells a stream needs: a fixed-cache method head + n_local + n_ubatch whatever its length; the others
+ * n_prompt + n_predict, or n_ctx_train when both are 0 (stock's context) */
+static int64_t stream_cells(const struct farctx_params * p, int64_t n_ubatch, int64_t n_prompt, int64_t n_predict) {
+    if (farctx_method_fixed_cache(p->method)) {
+        return (int64_t) farctx_params_head(p) + p->n_local + n_ubatch;
+    }
+    const int64_t stream = (n_prompt > 0 ? n_prompt : 0) + (n_predict > 0 ? n_predict : 0);
+    return stream > 0 ? stream : p->n_ctx_train;
+}
+
 struct farctx_plan_params farctx_plan_default_params(void) {
     struct farctx_plan_params p;
     memset(&p, 0, sizeof(p));
@@ -27,7 +37,7 @@ struct farctx_plan_params farctx_plan_default_params(void) {
  * sliding window leaves */
 static int64_t fitted_ubatch(const struct farctx_params * p, bool local_set, int64_t cells, int32_t n_swa,
                              int64_t full) {
-    int64_t room = cells - farctx_cache_cells(p, p->n_ctx_train, 0, 0, 0);
+    int64_t room = cells - stream_cells(p, 0, 0, 0);
     if (!local_set && room < full) {
         room = cells / 4 > 1 ? cells / 4 : 1;
     }
@@ -62,17 +72,17 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
 
     int64_t cells;  /* per stream */
     if (!d->info.fixed_cache) {
-        /* the caller's cache; else the stream's need (farctx_cache_cells: its length, or n_ctx_train, as stock's
+        /* the caller's cache; else the stream's need (stream_cells: its length, or n_ctx_train, as stock's
          * for the methods stock inside the trained context), which a stream of unknown length under another
          * extrapolating method may pass: room for FARCTX_WHOLE_STREAM_DEFAULT x */
         const bool known = in->n_prompt > 0 || in->n_predict > 0 || d->info.stock_inside;
         cells = in->n_ctx > 0 ? cells_per_stream(in->n_ctx, n_seq)
-              : known         ? farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, in->n_prompt, in->n_predict)
+              : known         ? stream_cells(&p, n_ubatch, in->n_prompt, in->n_predict)
               : (int64_t) FARCTX_WHOLE_STREAM_DEFAULT * p.n_ctx_train;
     } else if (in->n_ctx <= 0) {
         /* the method's own cache: head + n_local + n_ubatch, and on sliding-window layers their window + a ubatch */
         n_ubatch = n_ubatch < n_batch ? n_ubatch : n_batch;
-        cells = farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, 0, 0);
+        cells = stream_cells(&p, n_ubatch, 0, 0);
         if (n_swa > 0 && cells < n_swa + n_ubatch) {
             cells = n_swa + n_ubatch;
         }
@@ -100,7 +110,7 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
     if (d->info.fixed_cache) {
         const int32_t head = farctx_params_head(&p);
         const char * head_name = d->info.head_param >= 0 ? farctx_param_get_info(d->info.head_param).name : "0";
-        const int64_t need = farctx_cache_cells(&p, p.n_ctx_train, (int32_t) n_ubatch, 0, 0);
+        const int64_t need = stream_cells(&p, n_ubatch, 0, 0);
         char per[96] = "";
         if (n_seq > 1) {
             snprintf(per, sizeof(per), " per stream (%d cells / %d streams)", in->n_ctx, n_seq);
@@ -128,6 +138,18 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
         }
         out->n_local = p.n_local;
     }
+    if (!d->info.fixed_cache && in->n_ctx > 0 && in->n_prompt > 0) {
+        /* a stream that keeps every token: its prompt and what it asks to generate (at least one) in its cells */
+        const int64_t n_gen = in->n_predict > 0 ? in->n_predict : 1;
+        if (in->n_prompt + n_gen > cells) {
+            return farctx_fail(err, err_size, FARCTX_ERR_NO_SPACE,
+                "%lld prompt tokens + %lld to generate need %lld KV cells, more than the %lld of a stream: raise -c / "
+                "n_ctx%s%s", (long long) in->n_prompt, (long long) n_gen, (long long) (in->n_prompt + n_gen),
+                (long long) cells, n_seq > 1 ? " (shared by the streams)" : "",
+                d->info.stock_graph ? "" : ", or use method lminf, which streams through a fixed-size cache without "
+                                           "bound");
+        }
+    }
     if (cells > INT32_MAX / n_seq) {
         return farctx_fail(err, err_size, FARCTX_ERR_PARAM, "%lld cells x %d streams exceed llama.cpp's 32-bit sizes",
                            (long long) cells, n_seq);
@@ -136,5 +158,6 @@ int32_t farctx_context_plan(const struct farctx_params * method, const struct fa
     out->n_ctx_seq = (int32_t) cells_per_stream(out->n_ctx, n_seq);  /* what llama.cpp makes of n_ctx */
     out->n_batch   = (int32_t) n_batch;
     out->n_ubatch  = (int32_t) n_ubatch;
+    out->n_predict_max = d->info.fixed_cache ? -1 : out->n_ctx_seq - (in->n_prompt > 0 ? in->n_prompt : 0);
     return farctx_fail(err, err_size, FARCTX_OK, "%s", "");
 }

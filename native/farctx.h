@@ -1,11 +1,9 @@
 /*
- * farctx: run GGUF language models past their trained context inside llama.cpp.
+ * farctx: run GGUF language models past their trained context inside llama.cpp (docs/c-api.md).
  *
- * One public header, llama.h's conventions: a params struct with a defaults function,
- * an opaque session with init/free, return codes plus a readable message. No global state.
- *
- * This header is also the cffi cdef source of the Python package: keep every declaration
- * on lines that do not start with '#', and use only the FARCTX_API macro below.
+ * llama.h's conventions: params structs with defaults functions, an opaque session with init/free, return codes
+ * with a one-line message. No global state. Also the cffi cdef of the Python package: no declaration on a line
+ * that starts with '#', and no macro but FARCTX_API.
  */
 #ifndef FARCTX_H
 #define FARCTX_H
@@ -54,10 +52,7 @@ enum farctx_status {
     FARCTX_ERR_REPLAY      = -6  /* cannot rewind there: feed the stream again from token 0 */
 };
 
-/*
- * A method and its parameters. Each parameter's meaning, default, minimum and the methods that read
- * it are in the parameter table (farctx_param_get_info); 0 means "from the model or the method".
- */
+/* a method and its parameters (meaning, default, minimum: farctx_param_get_info); 0: from the model or the method */
 struct farctx_params {
     int32_t method;            /* enum farctx_method */
     int32_t n_ctx_train;
@@ -78,10 +73,7 @@ struct farctx_params {
 
 FARCTX_API struct farctx_params farctx_default_params(void);
 
-/*
- * The method table: every fact about a method lives in libfarctx and is read from here (the Python
- * parameters, the CLI options, the server's request fields, cache sizing and `farctx info`).
- */
+/* the method table: every fact about a method, read by every surface (docs/c-api.md) */
 
 /* kinds of model, as bits of farctx_method_info.model_kinds (farctx_model_kind tells a model's) */
 enum farctx_model_kind {
@@ -95,15 +87,12 @@ enum farctx_model_kind {
 struct farctx_method_info {
     const char * name;         /* "lminf"; NULL for an unknown method                              */
     const char * help;         /* one line                                                         */
-    bool     fixed_cache;      /* streams through a fixed-size cache (head + n_local + n_ubatch cells),
-                                  evicting what no query reads again; otherwise the whole stream stays */
+    bool     fixed_cache;      /* a fixed-size cache (head + n_local + n_ubatch cells); else every token stays */
     bool     stock_graph;      /* llama.cpp's own graph (the baseline: no extrapolation)           */
     int32_t  head_param;       /* parameter index of the head tokens never evicted (n_global, n_sink); -1: none */
     uint32_t model_kinds;      /* enum farctx_model_kind bits: the models it can run on            */
-    bool     whole_prompt;     /* plans its prompt from the feed that brings it (mesa's chunks): a prompt
-                                  read in several feeds, or after other tokens, is read differently     */
-    bool     stock_inside;     /* llama.cpp's own graph for every query inside the trained context, and
-                                  a cache sized as stock's (vanilla, auto)                             */
+    bool     whole_prompt;     /* plans a prompt from the one feed that brings it (mesa's chunks)   */
+    bool     stock_inside;     /* llama.cpp's own graph inside the trained context, a cache sized as stock's */
 };
 
 FARCTX_API int32_t farctx_method_count(void);
@@ -135,43 +124,20 @@ FARCTX_API bool farctx_method_available(int32_t method);
 /* farctx_method_get_info(method).fixed_cache */
 FARCTX_API bool farctx_method_fixed_cache(int32_t method);
 
-/*
- * The kind of a model (one enum farctx_model_kind bit) from llama.h's accessors; a model loaded
- * memory-mapped on the CPU is enough (vocab_only skips the hyperparameters). why: a short phrase for anything but FARCTX_MODEL_ROPE
- * ("sliding-window layers"), "" otherwise.
- */
+/* a model's kind (one enum farctx_model_kind bit); why: a short phrase unless FARCTX_MODEL_ROPE ("" then) */
 FARCTX_API int32_t farctx_model_kind(const struct llama_model * model, char * why, size_t why_size);
 
-/*
- * Whether the method can run on this model in this build: FARCTX_OK, or FARCTX_ERR_UNSUPPORTED /
- * FARCTX_ERR_PARAM with the reason in err (a short phrase: "sliding-window layers"). The check
- * farctx_session_init makes before it sets anything up.
- */
+/* FARCTX_OK if the method runs on this model in this build, else FARCTX_ERR_UNSUPPORTED / _PARAM with the reason */
 FARCTX_API int32_t farctx_method_supported(int32_t method, const struct llama_model * model,
                                            char * err, size_t err_size);
-/* the method that runs on the model when the caller asks for method: auto is vanilla on a model that only vanilla
- * runs (why: the reason; "" otherwise), every other method itself */
+/* the method that runs when the caller asks for `method` (auto: vanilla where only vanilla runs; why: the reason) */
 FARCTX_API int32_t farctx_method_for_model(int32_t method, const struct llama_model * model,
                                            char * why, size_t why_size);
 
-/*
- * A fixed-cache method whose n_local is left 0 runs the window of its default (n_ctx_train) when the KV cache holds
- * head + n_local + n_ubatch cells; in a smaller cache (the caller's n_ctx as a memory budget) its window is the room
- * the cache leaves, cells - head - n_ubatch, if that is at least this many tokens (else the session is refused with
- * the sizes). An n_local given by the caller is never changed.
- */
+/* the least window fitted to a cache smaller than a fixed-cache method's default (n_local unset; docs/c-api.md) */
 enum { FARCTX_FIT_LOCAL_MIN = 64 };
 
-/*
- * KV cells a stream needs under params, for a model trained on n_ctx_train tokens (used when params->n_ctx_train is
- * 0): a fixed-cache method head + n_local + n_ubatch, whatever the stream's length; the others n_prompt + n_predict,
- * or n_ctx_train when both are 0. The cache a context is made with is farctx_context_plan's, which asks this.
- */
-FARCTX_API int64_t farctx_cache_cells(const struct farctx_params * params, int32_t n_ctx_train, int32_t n_ubatch,
-                                      int64_t n_prompt, int64_t n_predict);
-
-/* the batch sizes a plan takes when the caller sets none (llama-cpp-python's), and the cache of a whole-stream method
- * when neither the cache nor the stream's length is given: this many times the trained context */
+/* a plan's batches when unset (llama-cpp-python's); a whole-stream cache of unknown length: this x n_ctx_train */
 enum { FARCTX_N_BATCH_DEFAULT = 512, FARCTX_N_UBATCH_DEFAULT = 512, FARCTX_WHOLE_STREAM_DEFAULT = 4 };
 
 /* what a context plan is asked for: the model's facts and the caller's sizes (0: unset) */
@@ -182,8 +148,8 @@ struct farctx_plan_params {
     int32_t n_batch;       /* 0: FARCTX_N_BATCH_DEFAULT                                                   */
     int32_t n_ubatch;      /* 0: the default, or what a fixed cache of the caller's size leaves room for  */
     int32_t n_seq;         /* streams, one KV stream each                                                 */
-    int64_t n_prompt;      /* the stream's length when known (n_ctx 0, whole-stream methods)             */
-    int64_t n_predict;
+    int64_t n_prompt;      /* the stream's prompt when known: sizes an unset cache, is checked against a set one */
+    int64_t n_predict;     /* the tokens it asks to generate; 0: unknown (at least one)                       */
 };
 
 /* what a context under a method holds */
@@ -194,17 +160,16 @@ struct farctx_plan {
     int32_t n_ubatch;      /* in force: at most n_batch, fitted to a fixed cache when unset              */
     int32_t n_local;       /* fixed-cache methods: the window in force; 0 for the others                  */
     bool    window_fitted; /* n_local was unset and is the room the cache leaves                          */
+    int64_t n_predict_max; /* the most tokens the stream may generate after n_prompt: -1 without bound (a fixed
+                              cache), else the cells per stream less n_prompt                                 */
 };
 
 FARCTX_API struct farctx_plan_params farctx_plan_default_params(void);
 
 /*
- * The context a stream of `params` needs (or runs in, for a given n_ctx): the one decider of its cells, its batch
- * sizes and its window. A fixed-cache method takes head + n_local + n_ubatch cells when n_ctx is 0; in a cache of
- * the caller's size its ubatch (when unset) and its window (when n_local is unset) are fitted to the room. A
- * whole-stream method takes n_ctx, else the stream's length, else n_ctx_train (stock graph) or
- * FARCTX_WHOLE_STREAM_DEFAULT x n_ctx_train. Returns FARCTX_OK, or FARCTX_ERR_PARAM with every size in err when
- * the cache cannot hold the method.
+ * The one decider of a context's cells, batch sizes, window and generation room (rules: docs/c-api.md). Returns
+ * FARCTX_OK; FARCTX_ERR_PARAM when the cache cannot hold the method; FARCTX_ERR_NO_SPACE when n_prompt + n_predict
+ * (at least one) do not fit a stream that keeps every token. err: every size.
  */
 FARCTX_API int32_t farctx_context_plan(
         const struct farctx_params      * params,
@@ -212,19 +177,13 @@ FARCTX_API int32_t farctx_context_plan(
         struct farctx_plan              * out,
         char * err, size_t err_size);
 
-/*
- * Check params against a model (NULL: the parameters alone). Returns FARCTX_OK or an error
- * code, with a one-line message in err (err_size bytes, may be NULL).
- */
+/* check params against a model (NULL: the parameters alone); err (may be NULL): the reason */
 FARCTX_API int32_t farctx_params_validate(
         const struct farctx_params * params,
         const struct llama_model   * model,
         char * err, size_t err_size);
 
-/*
- * Mesa-Extrapolation's split of an n-token prompt (the authors' rule): returns whether it is
- * chunked; chunk = the middle-chunk width C, n_middle = the number N of middle chunks.
- */
+/* Mesa's split of an n-token prompt: whether it is chunked; chunk: the middle chunks' width; n_middle: their count */
 FARCTX_API bool farctx_mesa_schedule(const struct farctx_params * params, int64_t n, int64_t * chunk, int64_t * n_middle);
 
 /* progress of a long feed: return false to cancel (the tokens fed so far stay in the cache) */
@@ -239,11 +198,7 @@ FARCTX_API struct farctx_session * farctx_session_init(
         const struct farctx_params * params,
         char * err, size_t err_size);
 
-/*
- * A stream through sequence seq_id of a context that holds several (n_seq_max > 1, kv_unified = false: one KV
- * stream of n_ctx / n_seq_max cells per sequence); farctx_session_init is this with seq_id 0. Each session has
- * its own method and state; feed them one by one (farctx_session_feed) or together (farctx_sessions_feed).
- */
+/* a stream through sequence seq_id of a context of several (kv_unified false); farctx_session_init: seq_id 0 */
 FARCTX_API struct farctx_session * farctx_session_init_seq(
         struct llama_context * ctx,
         const struct farctx_params * params,
@@ -253,15 +208,9 @@ FARCTX_API struct farctx_session * farctx_session_init_seq(
 FARCTX_API void farctx_session_free(struct farctx_session * session);
 
 /*
- * Feed tokens after the ones already in the stream: the one-session case of farctx_sessions_feed (one feed loop,
- * one chunking rule: each llama_decode holds at most the context's n_ubatch tokens, cut where the method's segment
- * ends).
- * logits: NULL, or room for n_vocab floats (all_logits false: the last token's) or
- * n_tokens*n_vocab floats (all_logits true: every token's, in order). The context keeps the last
- * token's logits either way (llama_get_logits_ith(ctx, -1), what a sampler reads), as llama.cpp does
- * for any batch; with all_logits, every token of the last chunk. progress (may be NULL) is called after each
- * llama_decode with (tokens done, n_tokens); returning false cancels (FARCTX_ERR_CANCELLED; the tokens decoded
- * so far stay in the stream).
+ * Feed tokens after the stream's. logits: NULL, or n_vocab floats (the last token's) or, with all_logits,
+ * n_tokens * n_vocab. progress (may be NULL): after each llama_decode; false cancels (FARCTX_ERR_CANCELLED, the
+ * tokens decoded stay). Chunking and what the context keeps: docs/c-api.md.
  */
 FARCTX_API int32_t farctx_session_feed(
         struct farctx_session * session,
@@ -270,14 +219,9 @@ FARCTX_API int32_t farctx_session_feed(
         farctx_progress_cb progress, void * progress_data);
 
 /*
- * Feed several sessions of one context together: n_tokens[i] tokens (tokens[i]) after session i's stream (0: none),
- * in chunks of at most n_ubatch tokens in all per llama_decode (the rule of farctx_session_feed, which is this call
- * for one session). Sessions whose next chunks have the same length and graph settings share a llama_decode (one
- * row per sequence: decoding N streams costs about one weight pass, not N). logits: NULL, or room for
- * n_sessions * n_vocab floats; row i receives the logits of session i's last token (left alone where n_tokens[i]
- * is 0). On an error no session keeps the tokens of the failing llama_decode; tokens decoded before it stay
- * (farctx_session_stats' n_past tells each session's), *failed (may be NULL) is the index of the session at fault
- * and farctx_session_error(sessions[*failed]) the message.
+ * Feed several sessions of one context together (n_tokens[i] tokens after session i's; 0: none). logits: NULL, or
+ * n_sessions * n_vocab floats, row i session i's last. On an error *failed (may be NULL) is the session at fault;
+ * no session keeps the failing llama_decode's tokens. Which chunks share a llama_decode: docs/c-api.md.
  */
 FARCTX_API int32_t farctx_sessions_feed(
         struct farctx_session ** sessions, int32_t n_sessions,
@@ -298,15 +242,10 @@ struct farctx_stats {
     int32_t n_decode;          /* llama_decode calls so far                              */
     int64_t kv_bytes;          /* size of the KV cache buffers (every sequence's)        */
     int32_t n_stair_moves;     /* mesa: times the stair boundary moved during generation */
-    int32_t n_cache_rotations; /* mesa, dca: times the cached keys were rotated in place
-                                  (mesa: to the stair in the last chunk or the first generated
-                                  token, at each stair move, back after a rewind; dca: when the
-                                  query's phase changes, at most twice per chunk) */
+    int32_t n_cache_rotations; /* mesa, dca: times the cached keys were rotated in place      */
     int32_t n_local;           /* fixed-cache methods: the window in force (0 for the others) */
-    bool    window_fitted;     /* n_local was left 0 and the KV cache cannot hold its default: the window is
-                                  the room the cache leaves (cells - head - n_ubatch) */
-    int64_t n_prompt_planned;  /* mesa: the prompt length its chunks are planned for (farctx_mesa_schedule), 0
-                                  before the first feed; a new prompt of another plan is read from its start */
+    bool    window_fitted;     /* n_local was unset: the window is the room the cache leaves     */
+    int64_t n_prompt_planned;  /* mesa: the prompt its chunks are planned for; 0 before a feed   */
 };
 
 FARCTX_API void farctx_session_stats(const struct farctx_session * session, struct farctx_stats * stats);
@@ -314,16 +253,12 @@ FARCTX_API void farctx_session_stats(const struct farctx_session * session, stru
 /* the parameters in force (defaults resolved against the model) */
 FARCTX_API struct farctx_params farctx_session_params(const struct farctx_session * session);
 
-/*
- * The stream's own state, beside llama.cpp's (llama_state_get_data / llama_state_seq_get_data): the tokens fed,
- * what was evicted, the method's plan (Mesa's chunks and stair). Saving both and loading both restores a stream
- * exactly. farctx_session_state_size: the bytes a save takes. farctx_session_state_get writes the state into dst
- * (size bytes of room) and returns the bytes written, 0 if size is too small. farctx_session_state_set loads a
- * state saved from a session of the same method and parameters (FARCTX_ERR_PARAM with the reason otherwise, the
- * session left as it was); it does not touch the KV cache, whose state is llama.cpp's to load.
- */
+/* the stream's own state, beside llama.cpp's KV state (saving and loading both restores it: docs/c-api.md) */
+/* the bytes a save takes */
 FARCTX_API size_t  farctx_session_state_size(const struct farctx_session * session);
+/* the bytes written into dst; 0 if size is too small */
 FARCTX_API size_t  farctx_session_state_get(const struct farctx_session * session, uint8_t * dst, size_t size);
+/* load a state of the same method and parameters (FARCTX_ERR_PARAM otherwise, the session unchanged) */
 FARCTX_API int32_t farctx_session_state_set(struct farctx_session * session, const uint8_t * src, size_t size);
 
 #ifdef __cplusplus

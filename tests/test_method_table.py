@@ -13,7 +13,8 @@ from helpers import run_cli
 
 import farctx
 from farctx._native import native
-from farctx.methods import cache_cells, method_infos, param_infos
+from farctx.errors import NoSpaceError
+from farctx.methods import ContextPlan, context_plan, method_infos, param_infos
 
 N = native()
 
@@ -104,18 +105,31 @@ def test_llm_plugin_options_equal_the_c_table():
 
 
 def test_cache_sizing_one_rule():
-    """Fixed-cache methods: head + n_local + n_ubatch; the others, vanilla included, the whole stream
-    (n_prompt + n_predict), or n_ctx_train when its length is not known."""
+    """The plan's cells with no cache given: fixed-cache methods head + n_local + n_ubatch whatever the stream;
+    the others the stream (n_prompt + n_predict), or, its length unknown, the trained context (stock inside it)
+    or FARCTX_WHOLE_STREAM_DEFAULT times it. In a cache of n_ctx cells: what a stream may generate after its
+    prompt, and NoSpaceError with the sizes when the prompt and what it asks for do not fit."""
     for name, info in method_infos().items():
         p = farctx.MethodParams(method=name, n_ctx_train=100, n_local=40, n_global=3, n_sink=2)
+
+        def plan(**kw: int) -> ContextPlan:
+            return context_plan(p, 0, n_ubatch=16, **kw)
+
         if info.fixed_cache:
             head = {"n_global": 3, "n_sink": 2, None: 0}[info.head]
-            assert cache_cells(p, 0, 16) == cache_cells(p, 0, 16, 5000, 10) == head + 40 + 16
+            assert plan().n_ctx == plan(n_prompt=5000, n_predict=10).n_ctx == head + 40 + 16
+            assert plan(n_ctx=512, n_prompt=5000, n_predict=10).n_predict_max == -1  # streams without bound
         else:
-            assert cache_cells(p, 0, 16) == 100
-            assert cache_cells(p, 0, 16, 5000, 10) == 5010
-    assert cache_cells(farctx.MethodParams(method="streaming"), 64, 8) == 64 + 8  # sinks + window = n_ctx_train
-    assert cache_cells(farctx.MethodParams(method="vanilla"), 64, 8) == 64
+            assert plan().n_ctx == (100 if info.stock_inside or info.stock_graph else 4 * 100), name
+            assert plan(n_prompt=5000, n_predict=10).n_ctx == 5010
+            assert plan(n_ctx=512, n_prompt=500).n_predict_max == 12
+            assert plan(n_ctx=512, n_prompt=500, n_predict=12).n_ctx_seq == 512
+            with pytest.raises(NoSpaceError, match=r"500 prompt tokens \+ 13 to generate need 513 KV cells"):
+                plan(n_ctx=512, n_prompt=500, n_predict=13)
+            with pytest.raises(NoSpaceError, match="1 to generate"):
+                plan(n_ctx=512, n_prompt=512)
+    assert context_plan(farctx.MethodParams(method="streaming"), 64, n_ubatch=8).n_ctx == 64 + 8  # sinks + window
+    assert context_plan(farctx.MethodParams(method="vanilla"), 64, n_ubatch=8).n_ctx == 64
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 Nothing here knows a method or a parameter by name: `METHODS`, `MethodParams` (its fields, defaults
 and `relevant()`), the CLI options, the server's request fields and the llm plugin's options are all
-built from `farctx_method_get_info` / `farctx_param_get_info`, and cache sizes come from
-`farctx_cache_cells`. The table is read on first use (it loads the native libraries).
+built from `farctx_method_get_info` / `farctx_param_get_info`, and every size comes from the context plan
+(`farctx_context_plan`). The table is read on first use (it loads the native libraries).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, make_dataclass
 from functools import lru_cache
 from typing import Any, Optional
 
-from .errors import FarctxError
+from .errors import FarctxError, NoSpaceError
 
 
 @dataclass(frozen=True)
@@ -175,16 +175,11 @@ def _method_params_class() -> type:
     return cls
 
 
-def cache_cells(params: Any, n_ctx_train: int, n_ubatch: int, n_prompt: int = 0, n_predict: int = 0) -> int:
-    """KV cells a stream needs (libfarctx's farctx_cache_cells): fixed-cache methods head + n_local +
-    n_ubatch; the others the whole stream, n_prompt + n_predict (n_ctx_train when both are 0)."""
-    n = _native()
-    return int(n.lib.farctx_cache_cells(params.to_c(n.ffi, n.lib), n_ctx_train, n_ubatch, n_prompt, n_predict))
-
-
 # -- cache sizing: the one rule the CLI, eval, bench, server, chat and the llm plugin follow -------------------
 
-DEFAULT_GENERATION = 256  # cells kept for the answer when a request or a command sets no token limit
+DEFAULT_GENERATION = 256  # cells a cache sized for a conversation keeps for an answer that sets no token limit
+
+
 @dataclass(frozen=True)
 class ContextPlan:
     """What a context under a method holds (libfarctx's struct farctx_plan)."""
@@ -195,6 +190,7 @@ class ContextPlan:
     n_ubatch: int       # in force: fitted to a fixed cache of the caller's size when unset
     n_local: int        # fixed-cache methods: the window in force (0 for the others)
     window_fitted: bool  # n_local was unset and is the room the cache leaves
+    n_predict_max: int  # the most tokens a stream may generate after its n_prompt (-1: without bound)
 
 
 def context_plan(params: Any, n_ctx_train: int, *, n_swa: int = 0, n_ctx: int = 0, n_batch: Optional[int] = None,
@@ -202,7 +198,8 @@ def context_plan(params: Any, n_ctx_train: int, *, n_swa: int = 0, n_ctx: int = 
     """The context `params` needs, or runs in for a given n_ctx (cells of all streams, llama.cpp's -c): libfarctx's
     farctx_context_plan, the one decider of the cells, the batch sizes in force and the window, which every
     surface asks and farctx_session_init holds its context to. None or 0 leaves a size unset. Raises FarctxError
-    with every size when the cache cannot hold the method."""
+    with every size when the cache cannot hold the method, NoSpaceError when a cache of n_ctx cannot hold n_prompt +
+    n_predict tokens (at least one to generate) under a method that keeps every token."""
     n = _native()
     c_in = n.ffi.new("struct farctx_plan_params *", n.lib.farctx_plan_default_params())
     c_in.n_ctx_train, c_in.n_swa, c_in.n_ctx = n_ctx_train, n_swa or 0, n_ctx or 0
@@ -210,9 +207,11 @@ def context_plan(params: Any, n_ctx_train: int, *, n_swa: int = 0, n_ctx: int = 
     c_in.n_prompt, c_in.n_predict = n_prompt or 0, n_predict or 0
     out = n.ffi.new("struct farctx_plan *")
     err = n.ffi.new("char[]", 512)
-    if n.lib.farctx_context_plan(params.to_c(n.ffi, n.lib), c_in, out, err, 512) != 0:
-        raise FarctxError(n.ffi.string(err).decode())
-    return ContextPlan(out.n_ctx, out.n_ctx_seq, out.n_batch, out.n_ubatch, out.n_local, bool(out.window_fitted))
+    rc = n.lib.farctx_context_plan(params.to_c(n.ffi, n.lib), c_in, out, err, 512)
+    if rc != 0:
+        raise (NoSpaceError if rc == n.lib.FARCTX_ERR_NO_SPACE else FarctxError)(n.ffi.string(err).decode())
+    return ContextPlan(out.n_ctx, out.n_ctx_seq, out.n_batch, out.n_ubatch, out.n_local, bool(out.window_fitted),
+                       out.n_predict_max)
 
 
 def split_method_kwargs(kwargs: dict[str, Any]) -> Any:

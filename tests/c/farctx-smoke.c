@@ -38,11 +38,22 @@ static int run(const struct llama_model * model, int32_t method, enum ggml_type 
     if (method == farctx_method_from_name("mesa")) {  /* chunks and stair moves on a short trained context */
         fp.first_chunk = 4; fp.stair_width = 2; fp.last_context = 8; fp.gen_budget = 2;
     }
+    struct farctx_plan_params pp = farctx_plan_default_params();
+    pp.n_ctx_train = llama_model_n_ctx_train(model);
+    pp.n_ubatch    = 16;
+    pp.n_batch     = 64;
+    pp.n_prompt    = n_prompt;
+    pp.n_predict   = n_gen;
+    struct farctx_plan plan;
+    char err[512];
+    if (farctx_context_plan(&fp, &pp, &plan, err, sizeof(err)) != FARCTX_OK) {
+        printf("%s: no plan: %s\n", farctx_method_name(method), err);
+        return 1;
+    }
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ubatch = 16;
-    cp.n_batch  = 64;
-    cp.n_ctx    = (uint32_t) farctx_cache_cells(&fp, llama_model_n_ctx_train(model), (int32_t) cp.n_ubatch,
-                                                 n_prompt, n_gen);
+    cp.n_ubatch = (uint32_t) plan.n_ubatch;
+    cp.n_batch  = (uint32_t) plan.n_batch;
+    cp.n_ctx    = (uint32_t) plan.n_ctx;
     cp.type_k = type;
     cp.type_v = type;
     cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
@@ -52,7 +63,6 @@ static int run(const struct llama_model * model, int32_t method, enum ggml_type 
         printf("%s: no context\n", farctx_method_name(method));
         return 1;
     }
-    char err[512];
     struct farctx_session * s = farctx_session_init(ctx, &fp, err, sizeof(err));
     if (s == NULL) {
         printf("%s: %s\n", farctx_method_name(method), err);

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from ..batch import SequenceBatch
 from ..errors import ContextSizeError, FarctxError, NoSpaceError
-from ..methods import DEFAULT_GENERATION, MethodParams, cache_cells, context_plan, method_infos
+from ..methods import MethodParams, context_plan, method_infos
 from .sampling import RowSampler
 
 MAX_GENERATION = 2**31 - 1
@@ -124,34 +124,21 @@ class Scheduler:
         self._thread.join(30)
 
     def generation_limit(self, method: dict[str, Any], n_prompt: int, max_tokens: Optional[int]) -> int:
-        """The most tokens a request may generate in a slot; raises ContextSizeError / FarctxError with the
-        sizes when its prompt (plus the answer it asks for) cannot fit in a slot's cache."""
-        info = method_infos()[method["method"]]
+        """The most tokens a request may generate in a slot, as the context plan of a slot's cache answers for its
+        prompt and max_tokens; raises ContextSizeError / FarctxError with the sizes when they cannot fit."""
         params = MethodParams.from_kwargs(method["method"], {k: v for k, v in method.items() if k != "method"})
-        n_ctx = self.batch.n_ctx_seq
         asked = max_tokens if max_tokens is not None and max_tokens > 0 else None
-        if info.fixed_cache:
-            # the plan the slots were made with, asked for this method: FarctxError with every size if a slot
-            # cannot hold it (an unset n_local fits the slot)
-            try:
-                context_plan(params, self.n_ctx_train, n_swa=self.n_swa, n_ctx=n_ctx, n_batch=self.n_batch,
-                             n_ubatch=self.n_ubatch)
-            except FarctxError as exc:
-                raise FarctxError(f"{exc} (per slot: -c / -np)") from None
-            return asked or MAX_GENERATION
-        if info.stock_graph:
-            if n_prompt >= n_ctx:
-                raise ContextSizeError(_EXCEEDS, n_prompt, n_ctx)
-        else:
-            generation = asked or DEFAULT_GENERATION
-            need = cache_cells(params, self.n_ctx_train, self.n_ubatch, n_prompt, generation)
-            if need > n_ctx:
-                raise ContextSizeError(
-                    f"{info.name} keeps the whole stream in the cache: {n_prompt} prompt tokens + {generation} to "
-                    f"generate need {need} cells, more than a slot's {n_ctx}: raise -c (shared by the -np slots), or "
-                    f"use method lminf, which streams through a fixed-size cache without bound", n_prompt, n_ctx)
-        room = n_ctx - cache_cells(params, self.n_ctx_train, self.n_ubatch, n_prompt, 1) + 1
-        return max(1, min(asked or MAX_GENERATION, room))
+        try:
+            plan = context_plan(params, self.n_ctx_train, n_swa=self.n_swa, n_ctx=self.batch.n_ctx_seq,
+                                n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_prompt=n_prompt,
+                                n_predict=asked or 0)
+        except NoSpaceError as exc:
+            raise ContextSizeError(f"{_EXCEEDS}: {exc} (per slot: -c / -np)", n_prompt,
+                                   self.batch.n_ctx_seq) from None
+        except FarctxError as exc:
+            raise FarctxError(f"{exc} (per slot: -c / -np)") from None
+        limit = asked or MAX_GENERATION
+        return limit if plan.n_predict_max < 0 else max(1, min(limit, plan.n_predict_max))
 
     def submit(self, request: Request) -> None:
         with self._cond:
