@@ -51,8 +51,12 @@ def cases(kvs: list[tuple[int, int, bool]], per_method: list[list[int]]) -> list
 FULL_MATRIX = os.environ.get("FARCTX_FULL_MATRIX", "") not in ("", "0")
 
 
-# each method with flash attention off and on, with an F16 and a Q8_0 K cache
-@pytest.mark.parametrize("method, kv", cases(DEPTH_KV, [[0, 3], [1, 2]]))
+# one configuration per method, in turn; with the deterministic test's, each method runs at this depth with flash
+# attention off and on, and most with an F16 and a Q8_0 K cache (test_each_method_at_depth_with_fa_off_and_on)
+STREAMS_CASES = cases(DEPTH_KV, [[2], [3], [0], [1]])
+
+
+@pytest.mark.parametrize("method, kv", STREAMS_CASES)
 def test_streams_at_depth_match_each_stream_alone(deep_model, method, kv):
     type_k, type_v, fa = kv
     report = _worker(deep_model, method, kv)
@@ -73,8 +77,12 @@ def test_streams_at_depth_match_each_stream_alone(deep_model, method, kv):
 DETERMINISTIC_KV = [(F16, F16, False), (F16, F16, True), (Q8_0, Q8_0, True)]
 
 
-# one configuration per method, in turn (vanilla: flash attention on, where the check can fail)
-@pytest.mark.parametrize("method, kv", cases(DETERMINISTIC_KV, [[1], [2], [0]]))
+# one configuration per method, in turn, the other flash-attention setting than its streams case (vanilla: flash
+# attention on, where the check can fail)
+DETERMINISTIC_CASES = cases(DETERMINISTIC_KV, [[1], [0], [2], [0]])
+
+
+@pytest.mark.parametrize("method, kv", DETERMINISTIC_CASES)
 def test_deterministic_streams_bitwise_equal_alone(deep_model, method, kv):
     """With batch-invariant kernels every stream's logits are bitwise those it gets alone, whatever its
     neighbours, its ubatch pieces and the paths the graph takes for them."""
@@ -88,6 +96,19 @@ def test_deterministic_streams_bitwise_equal_alone(deep_model, method, kv):
         # graph; if a newer ggml is batch-invariant by itself, --deterministic's cost buys nothing: say so)
         default = _worker(deep_model, method, kv)
         assert max(row["max_diff"] for n in ("2", "4", "8") for row in default[n]) > 0
+
+
+def test_each_method_at_depth_with_fa_off_and_on():
+    """The covering design of the two tests above: every method at 30 layers with several streams, flash attention
+    off and on between them, a quantized K cache for most."""
+    got: dict[str, set] = {m: set() for m in METHODS}
+    for case in STREAMS_CASES + DETERMINISTIC_CASES:
+        method, kv = case.values
+        got[method].add(kv)
+    for method, kvs in got.items():
+        assert {fa for _, _, fa in kvs} == {False, True}, (method, kvs)
+    assert sum(any(k == Q8_0 for k, _, _ in kvs) for kvs in got.values()) >= 0.7 * len(METHODS)
+    assert ("vanilla", (F16, F16, True)) in [c.values for c in DETERMINISTIC_CASES]
 
 
 # -- exactness beyond two layers --------------------------------------------------------------------------

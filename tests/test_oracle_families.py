@@ -6,11 +6,9 @@ apart, tiny_gguf.FAMILIES_ISWA (gemma2, gemma3: interleaved sliding-window layer
 keep llama.cpp's own window whatever the method). `vanilla` runs llama.cpp's stock graph: its cases prove
 the oracle itself on each family.
 
-CI runs a deterministic sample: each (family, method) pair once, with a KV configuration and ubatch size
-that rotate over the pairs (72 cases, 91 tests: ~2 min on 2 shared cores, a third of it the GGUF reader
-parsing the 49k-token tokenizer of each family). FARCTX_FULL_MATRIX=1 (scripts/family-matrix) runs every
-combination: 1176 cases on the families without sliding-window layers (9 min on 2 shared cores, 1195
-tests), 336 on gemma2/gemma3 (1 min while the library refuses them).
+CI runs a deterministic sample: each (family, method) pair once, except that each method runs on one of
+llama's three RoPE scalings (vanilla on all three), with a KV configuration and ubatch size that rotate over the
+pairs. FARCTX_FULL_MATRIX=1 (scripts/family-matrix) runs every family x method x KV configuration x ubatch.
 """
 
 from __future__ import annotations
@@ -73,13 +71,24 @@ CASES: dict[str, MethodCase] = {
 METHODS = list(CASES)
 
 
+# llama's RoPE scalings: the sample gives each of them vanilla and every third other method, in turn
+SCALINGS = ["llama-linear", "llama-yarn", "llama3"]
+
+
+def sample_pairs(families: list[str]) -> list[tuple[str, str]]:
+    """The (family, method) pairs of the CI sample: every pair, except that a RoPE scaling of llama runs vanilla
+    (the oracle on that scaling) and the methods i = its index mod 3 (each method on one scaling)."""
+    return [(f, m) for f in families for i, m in enumerate(METHODS)
+            if f not in SCALINGS or m == "vanilla" or (i - 1) % len(SCALINGS) == SCALINGS.index(f)]
+
+
 def matrix(families: list[str]) -> list[tuple[str, str, tuple[int, int, bool], int]]:
-    """(family, method, kv, ubatch): all of them with FARCTX_FULL_MATRIX, else each pair once, the KV
-    configuration and the ubatch rotating over the pairs (deterministic)."""
+    """(family, method, kv, ubatch): all of them with FARCTX_FULL_MATRIX, else each pair of the sample once, the
+    KV configuration and the ubatch rotating over the pairs (deterministic)."""
     if FULL_MATRIX:
         return [(f, m, kv, ub) for f in families for m in METHODS for kv in KV_CONFIGS for ub in UBATCHES]
     out = []
-    for k, (f, m) in enumerate((f, m) for f in families for m in METHODS):
+    for k, (f, m) in enumerate(sample_pairs(families)):
         out.append((f, m, KV_CONFIGS[k % len(KV_CONFIGS)], UBATCHES[k % len(UBATCHES)]))
     return out
 
@@ -204,7 +213,11 @@ def test_oracle_is_sensitive_to_each_family_feature(refs, family):
 
 
 def test_full_matrix_size():
-    """The sample covers every (family, method) pair; the full matrix every combination."""
+    """The sample covers every (family, method) pair but the scalings', each method on one scaling and vanilla on
+    all; the full matrix every combination."""
     n_pairs = (len(FAMILIES) + len(FAMILIES_ISWA)) * len(METHODS)
     n = len(matrix(list(FAMILIES))) + len(matrix(list(FAMILIES_ISWA)))
-    assert n == (n_pairs * len(KV_CONFIGS) * len(UBATCHES) if FULL_MATRIX else n_pairs)
+    n_sample = n_pairs - (len(SCALINGS) - 1) * (len(METHODS) - 1)
+    assert n == (n_pairs * len(KV_CONFIGS) * len(UBATCHES) if FULL_MATRIX else n_sample)
+    on_scalings = [m for f, m in sample_pairs(SCALINGS) if m != "vanilla"]
+    assert sorted(on_scalings) == sorted(METHODS[1:])

@@ -1,4 +1,4 @@
-"""The soak of `farctx serve --parallel` (bench/soak.py), short: 3 minutes on a 30-layer random model (the
+"""The soak of `farctx serve --parallel` (bench/soak.py), short: 2 minutes on a 30-layer random model (the
 bundled model's depth; FARCTX_SOAK_MINUTES overrides, 0 skips), with --deterministic and flash attention on. No
 5xx, no crash, no unexpected error, every greedy answer under load equal to the same request alone, no RSS growth
 over rounds of the same requests after the load (the leak check), and /metrics counting what the clients sent
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MINUTES = float(os.environ.get("FARCTX_SOAK_MINUTES", "3"))
+MINUTES = float(os.environ.get("FARCTX_SOAK_MINUTES", "2"))
 
 
 @pytest.mark.skipif(MINUTES <= 0, reason="FARCTX_SOAK_MINUTES=0")

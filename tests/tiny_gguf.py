@@ -8,7 +8,9 @@ n_ctx_train 32, head_dim 64, a sliding window of 8."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
@@ -70,27 +72,40 @@ LLAMA3_LOW_FREQ_FACTOR = 1.0
 LLAMA3_HIGH_FREQ_FACTOR = 4.0
 
 
-def _copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
-    """Copies the tokenizer.* fields of `source` into `writer`; returns the vocabulary size."""
+@lru_cache(maxsize=4)
+def _tokenizer_fields(source: Path) -> tuple[tuple[str, GGUFValueType, Any], ...]:
+    """The tokenizer.* fields of `source` as (name, type, value), read once per process: parsing the 49k-token
+    vocabulary is most of a tiny model's writing time, and a suite writes a dozen of them."""
     reader = GGUFReader(str(source))
-    n_vocab = 0
+    fields = []
     for name, field in reader.fields.items():
         if not name.startswith("tokenizer."):
             continue
         vtype = field.types[0]
         if vtype == GGUFValueType.ARRAY:
-            etype = field.types[1]
-            if etype == GGUFValueType.STRING:
-                values = [bytes(field.parts[i]).decode("utf-8", errors="surrogateescape") for i in field.data]
+            if field.types[1] == GGUFValueType.STRING:
+                value: Any = [bytes(field.parts[i]).decode("utf-8", errors="surrogateescape") for i in field.data]
             else:
-                values = [field.parts[i].tolist()[0] for i in field.data]
-            writer.add_array(name, values)
-            if name == "tokenizer.ggml.tokens":
-                n_vocab = len(values)
+                value = [field.parts[i].tolist()[0] for i in field.data]
         elif vtype == GGUFValueType.STRING:
-            writer.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8"))
+            value = bytes(field.parts[field.data[0]]).decode("utf-8")
         else:
             value = field.parts[field.data[0]].tolist()[0]
+        fields.append((name, vtype, value))
+    return tuple(fields)
+
+
+def _copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
+    """Copies the tokenizer.* fields of `source` into `writer`; returns the vocabulary size."""
+    n_vocab = 0
+    for name, vtype, value in _tokenizer_fields(Path(source).resolve()):
+        if vtype == GGUFValueType.ARRAY:
+            writer.add_array(name, value)
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+        elif vtype == GGUFValueType.STRING:
+            writer.add_string(name, value)
+        else:
             {
                 GGUFValueType.UINT32: writer.add_uint32,
                 GGUFValueType.INT32: writer.add_int32,
