@@ -11,7 +11,10 @@ from typing import Any, Optional
 import click
 
 from .eval_cmd import parse_lengths, parse_methods
-from .options import KV_TYPES, method_options, rpc_option
+from .options import method_options, runtime, runtime_options
+
+# the runtime options a benchmark sets (the table's flags and defaults); the cache is each measurement's own
+BENCH_OPTIONS = ("n_ubatch", "n_threads", "flash_attn", "type_k", "n_gpu_layers", "rpc_servers")
 
 
 def machine() -> str:
@@ -34,18 +37,12 @@ def machine() -> str:
 @click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="repetitions (medians)")
 @click.option("-n", "--n-gen", type=click.IntRange(1), default=16, show_default=True, help="decoded tokens per run")
 @click.option("--stock-max", type=int, default=1 << 30, help="longest length to run stock llama.cpp at")
-@click.option("-t", "--threads", "n_threads", type=int, default=None)
-@click.option("-ngl", "--gpu-layers", "n_gpu_layers", default="0")
-@click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off"]), default="off")
-@click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(sorted(KV_TYPES)), default="f16")
-@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512)
-@rpc_option()
+@runtime_options(only=BENCH_OPTIONS)
 @click.option("--json", "json_path", default=None, metavar="FILE")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png")
 @method_options(with_method=False)
 def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: int, stock_max: int,
-          n_threads: Optional[int], n_gpu_layers: str, flash_attn: str, cache_type_k: str, n_ubatch: int,
-          rpc: Optional[str], json_path: Optional[str], plot_path: Optional[str], **method_opts: Any) -> None:
+          json_path: Optional[str], plot_path: Optional[str], **opts: Any) -> None:
     """Prefill and decode tokens/s, KV bytes and RSS per method and length, as ratios to stock."""
     import farctx
     from farctx.bench.harness import bench as run_bench
@@ -53,24 +50,23 @@ def bench(model: Optional[str], methods: str, lengths: str, reps: int, n_gen: in
 
     path = str(farctx.model_info(model).path)
     info = farctx.model_info(path)
-    kwargs: dict[str, Any] = {
-        "n_gpu_layers": -1 if n_gpu_layers == "all" else int(n_gpu_layers),
-        "flash_attn": flash_attn == "on",
-        "type_k": KV_TYPES[cache_type_k],
-        "n_batch": n_ubatch,
-        "n_ubatch": n_ubatch,
-    }
-    if n_threads:
-        kwargs.update(n_threads=n_threads, n_threads_batch=n_threads)
-    if rpc:  # stock llama.cpp too, on the same servers
-        kwargs["rpc_servers"] = rpc
+    from farctx._native import native
+
+    options = runtime(opts)  # the runtime options table's flags and defaults, as every command's
+    # The one difference, and why: stock llama.cpp and farctx must read the prompt in the same batches, so the
+    # ubatch is set (the plan's default when -ub is not given) and -b is the ubatch, for both
+    ubatch = options.n_ubatch or native().lib.FARCTX_N_UBATCH_DEFAULT
+    kwargs: dict[str, Any] = {"flash_attn": options.flash_attn, "n_gpu_layers": options.n_gpu_layers,
+                              **options.kwargs(), "n_batch": ubatch, "n_ubatch": ubatch}
+    if options.rpc_servers:  # stock llama.cpp too, on the same servers
+        kwargs["rpc_servers"] = ",".join(options.rpc_servers)
 
     def show(who: str, length: int, rep: int, s: dict[str, Any]) -> None:
         click.echo(f"farctx bench: rep {rep + 1}/{reps} {who:<12} {length:>7}: prefill {s['prefill_tps']:.1f} tok/s, "
                    f"decode {s['decode_tps']:.1f} tok/s", err=True)
 
     # the methods' parameters (--n-ctx-train, --n-local, ...) go to farctx only, never to stock
-    params = {k: v for k, v in method_opts.items() if v is not None}
+    params = {k: v for k, v in opts.items() if v is not None}
     results = run_bench(path, parse_methods(methods), sorted(set(parse_lengths(lengths))), reps, n_gen, kwargs,
                         stock_max, on_sample=show, method_kwargs=params)
     desc = machine()

@@ -422,7 +422,7 @@ def ood(model: Optional[str], file: Optional[str], methods: str, lengths: Option
         click.echo("farctx: flash attention forced off: the attention scores exist as tensors only without it",
                    err=True)
     opts["flash_attn"] = "off"
-    if opts.get("cache_type_v") not in ("f32", "f16", "bf16"):
+    if opts.get("type_v") not in ("f32", "f16", "bf16"):
         raise click.BadParameter("a quantized V cache needs flash attention, which this command turns off",
                                  param_hint="-ctv")
     base = _method_keys(opts)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from farctx.kv_types import KV_TYPES  # noqa: F401  (-ctk/-ctv choices; bench_cmd reads it here too)
+from farctx.kv_types import KV_TYPES
 
 if TYPE_CHECKING:
     from farctx.context import RuntimeOptions
@@ -40,37 +40,31 @@ def _check_rpc(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(exc)) from None
 
 
-def rpc_option() -> Decorator:
-    return click.option("--rpc", "rpc", default=None, metavar="SERVERS", callback=_check_rpc,
-                        help="comma-separated HOST:PORT of ggml RPC servers (`farctx rpc-server`): the offloaded "
-                             "layers (-ngl) go to them, then to the local GPUs")
+# how each kind of runtime option (farctx.context.OptionInfo.kind) is a flag: its click type, default and metavar
+_FLAG_KINDS: dict[str, dict[str, Any]] = {
+    "cells": dict(type=click.IntRange(0), default=0, show_default=True),
+    "threads": dict(type=int, default=None),
+    "layers": dict(default="0", show_default=True),
+    "switch": dict(type=click.Choice(["on", "off"]), default="off", show_default=True),
+    "kv": dict(type=click.Choice(sorted(KV_TYPES)), default="f16", show_default=True),
+    "split": dict(default=None, metavar="N0,N1,..."),
+    "servers": dict(default=None, metavar="SERVERS", callback=_check_rpc),
+}
 
 
-def runtime_options() -> Decorator:
-    """-c -b -ub -t -ngl -fa -ctk -ctv -ts --rpc: how llama.cpp runs the model."""
-    return _stack(
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(0), default=0, show_default=True,
-                     help="KV cache size in tokens (0: what the method needs: head + n_local + n_ubatch for a "
-                          "fixed-cache method; the prompt and the generation, else 4 x the trained context, for "
-                          "the others)"),
-        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(0), default=0, show_default=True,
-                     help="logical batch size (0: 512, at most the cache)"),
-        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(0), default=0, show_default=True,
-                     help="physical batch size (0: 512, or what a fixed-cache method's -c leaves room for)"),
-        click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads"),
-        click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "n_gpu_layers", default="0", show_default=True,
-                     help="layers to offload to the GPU (a number or 'all')"),
-        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off"]), default="off",
-                     show_default=True, help="flash attention"),
-        click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(sorted(KV_TYPES)), default="f16",
-                     show_default=True, help="KV cache type for K"),
-        click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(sorted(KV_TYPES)), default="f16",
-                     show_default=True, help="KV cache type for V"),
-        click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="N0,N1,...",
-                     help="proportions of the offloaded layers per device, in llama.cpp's order: the --rpc servers, "
-                          "then the local GPUs (default: by free memory)"),
-        rpc_option(),
-    )
+def _flag(name: str) -> Decorator:
+    from farctx.context import option_infos
+
+    info = next(o for o in option_infos() if o.name == name)
+    return click.option(*info.flags, info.name, help=info.help, **_FLAG_KINDS[info.kind])
+
+
+def runtime_options(only: tuple[str, ...] = ()) -> Decorator:
+    """The flags of the runtime options table (farctx.context.RuntimeOptions: -c -b -ub -t -fa -ctk -ctv -ngl -ts
+    --rpc), or of the options named in `only`: how llama.cpp runs the model."""
+    from farctx.context import option_infos
+
+    return _stack(*(_flag(o.name) for o in option_infos() if o.flags and (not only or o.name in only)))
 
 
 def method_options(with_method: bool = True) -> Decorator:
@@ -95,41 +89,50 @@ def method_keys() -> tuple[str, ...]:
     return tuple(p.name for p in param_infos())
 
 
+def _value(kind: str, text: Any, flag: str) -> Any:
+    """A runtime option's value from its flag's parsed text."""
+    if kind == "cells":
+        return text or None  # 0: unset, the context plan's
+    if kind == "switch":
+        return text == "on"
+    if kind == "kv":
+        return KV_TYPES[text]
+    if kind == "layers":
+        if str(text) == "all":
+            return -1
+        try:
+            return int(text)
+        except ValueError:
+            raise click.BadParameter(f"'{text}' is not a number or 'all'", param_hint=flag) from None
+    if kind == "split" and text:
+        try:
+            return [float(x) for x in text.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"'{text}' is not a comma-separated list of numbers", param_hint=flag) from None
+    if kind == "servers":
+        return text.split(",") if text else []
+    return text
+
+
 def runtime(opts: dict[str, Any]) -> "RuntimeOptions":
-    """The runtime options from the parsed flags of runtime_options (consumes them)."""
-    from farctx.context import RuntimeOptions
+    """The runtime options from the parsed flags of runtime_options (consumes them; a flag not given keeps the
+    option's default)."""
+    from farctx.context import RuntimeOptions, option_infos
     from farctx.errors import FarctxError
 
-    ngl = str(opts.pop("n_gpu_layers"))
-    if ngl == "all":
-        n_gpu_layers = -1
-    else:
-        try:
-            n_gpu_layers = int(ngl)
-        except ValueError:
-            raise click.BadParameter(f"'{ngl}' is not a number or 'all'", param_hint="-ngl") from None
-    split = opts.pop("tensor_split")
-    try:
-        tensor_split = [float(x) for x in split.split(",")] if split else None
-    except ValueError:
-        raise click.BadParameter(f"'{split}' is not a comma-separated list of numbers", param_hint="-ts") from None
-    rpc_servers = opts.pop("rpc")
-    if rpc_servers and n_gpu_layers == 0:
+    values: dict[str, Any] = {}
+    for info in option_infos():
+        if info.flags and info.name in opts:
+            value = _value(info.kind, opts.pop(info.name), info.flags[0])
+            if value is not None:
+                values[info.name] = value
+    if "n_threads" in values:
+        values["n_threads_batch"] = values["n_threads"]  # llama.cpp's -t sets both
+    if values.get("rpc_servers") and values.get("n_gpu_layers", 0) == 0:
         click.echo("farctx: warning: --rpc with -ngl 0 puts no layer on the RPC servers (-ngl all: every layer)",
                    err=True)
-    threads = opts.pop("n_threads")
     try:
-        return RuntimeOptions(
-            n_ctx=opts.pop("n_ctx"),
-            n_batch=opts.pop("n_batch") or None,  # 0: unset, the context plan's
-            n_ubatch=opts.pop("n_ubatch") or None,
-            n_threads=threads, n_threads_batch=threads,
-            flash_attn=opts.pop("flash_attn") == "on",
-            type_k=KV_TYPES[opts.pop("cache_type_k")],
-            type_v=KV_TYPES[opts.pop("cache_type_v")],
-            n_gpu_layers=n_gpu_layers, tensor_split=tensor_split,
-            rpc_servers=rpc_servers.split(",") if rpc_servers else [],
-        )
+        return RuntimeOptions(**values)
     except FarctxError as exc:
         raise click.UsageError(str(exc)) from None
 

@@ -18,6 +18,7 @@ import llm
 from pydantic import Field, create_model, field_validator
 
 import farctx  # first: points llama_cpp at farctx's patched library
+from farctx.context import option_infos
 from farctx.methods import DEFAULT_GENERATION, DEFAULT_METHOD, fixed_cache
 
 REGISTRY = "farctx-models.json"
@@ -91,15 +92,11 @@ def _options() -> type[llm.Options]:
     fields: dict[str, Any] = {
         p.name: (Optional[int], Field(None, ge=p.minimum, description=p.option_help(methods))) for p in param_infos()
     }
+    for o in option_infos():  # the runtime options table's that a chat may set, by llama.cpp's names
+        if o.plugin:
+            fields[o.name] = (Optional[bool] if o.kind == "switch" else Optional[int],
+                              Field(None, ge=o.minimum, description=o.help))
     fields.update(
-        # the runtime options (farctx.context.RuntimeOptions) that a chat may set, by llama.cpp's names
-        n_ctx=(Optional[int], Field(None, ge=0, description="KV cache cells (default: what the conversation needs, or "
-                                                             "a fixed-cache method's own)")),
-        n_batch=(Optional[int], Field(None, ge=1, description="logical batch (default: 512, at most the cache)")),
-        n_ubatch=(Optional[int], Field(None, ge=1, description="physical batch (default: the context plan's)")),
-        n_threads=(Optional[int], Field(None, ge=1, description="CPU threads")),
-        n_gpu_layers=(Optional[int], Field(None, ge=-1, description="layers on the GPU (-1: all)")),
-        flash_attn=(Optional[bool], Field(None, description="flash attention")),
         max_tokens=(Optional[int], Field(None, ge=1, description="most tokens to generate")),
         temperature=(Optional[float], Field(None, ge=0, description="0: greedy")),
         seed=(Optional[int], Field(None, description="sampling seed")),
@@ -109,7 +106,7 @@ def _options() -> type[llm.Options]:
 
 _METHOD_FIELDS = ("method", *farctx.MethodParams.names())
 _TEMPLATE_TOKENS = 16  # a chat template's tokens around one message, counted generously
-_RUNTIME_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "flash_attn")
+_RUNTIME_FIELDS = tuple(o.name for o in option_infos() if o.plugin)
 
 
 class FarctxModel(llm.Model):

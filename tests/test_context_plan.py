@@ -226,7 +226,7 @@ def test_runtime_options_one_set_for_every_surface():
     from farctx.context import RuntimeOptions
 
     flags = {"n_ctx": 0, "n_batch": 0, "n_ubatch": 64, "n_threads": 2, "n_gpu_layers": "all", "flash_attn": "on",
-             "cache_type_k": "q8_0", "cache_type_v": "f16", "tensor_split": None, "rpc": None}
+             "type_k": "q8_0", "type_v": "f16", "tensor_split": None, "rpc_servers": None}
     options = runtime(flags)
     assert not flags  # consumed
     assert options == RuntimeOptions(n_ubatch=64, n_threads=2, n_threads_batch=2, n_gpu_layers=-1, flash_attn=True,
@@ -247,3 +247,35 @@ def test_runtime_options_one_set_for_every_surface():
     plugin_fields = set(llm_farctx.FarctxModel.Options.model_fields)
     assert set(llm_farctx._RUNTIME_FIELDS) <= plugin_fields <= (
         set(llm_farctx._METHOD_FIELDS) | set(RuntimeOptions.names()) | {"max_tokens", "temperature", "seed"})
+
+
+def test_runtime_options_declared_once():
+    """RuntimeOptions' fields are the one table: every command's runtime flags (bench's subset included), the
+    server's, farctx.Llama's keyword arguments and the llm plugin's options are made from its rows."""
+    import sys
+    from pathlib import Path
+
+    from farctx.cli.bench_cmd import BENCH_OPTIONS, bench
+    from farctx.cli.main import main as cli
+    from farctx.context import RuntimeOptions, option_infos
+
+    rows = {o.name: o for o in option_infos()}
+    assert list(rows) == list(RuntimeOptions.names())
+    assert all(o.help for o in rows.values())
+    flagged = {name for name, o in rows.items() if o.flags}
+    commands = {name: cli.commands[name] for name in ("generate", "chat", "serve")}
+    commands["eval ppl"] = cli.commands["eval"].commands["ppl"]
+    for name, command in [*commands.items(), ("bench", bench)]:
+        options = {p.name: p for p in command.params if p.name in rows}
+        assert set(options) == (set(BENCH_OPTIONS) if name == "bench" else flagged), name
+        for option in options.values():
+            assert tuple(option.opts + option.secondary_opts) == rows[option.name].flags, (name, option.name)
+            assert option.help == rows[option.name].help, (name, option.name)
+    sys.path.insert(0, str(Path(__file__).parent.parent / "llm-farctx"))
+    import llm_farctx
+
+    fields = llm_farctx.FarctxModel.Options.model_fields
+    for name, o in rows.items():
+        assert (name in fields) == o.plugin, name
+        if o.plugin:
+            assert fields[name].description == o.help

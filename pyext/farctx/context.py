@@ -26,30 +26,79 @@ _N = native()
 _LOG = llama_log()
 
 
+@dataclass(frozen=True)
+class OptionInfo:
+    """A runtime option's row of the one table: the CLI flag that sets it (llama.cpp's names), how the flag's text
+    becomes the value (`kind`), its help, its least value, whether the llm plugin offers it, and why its default
+    differs from llama.cpp's where it does. The table is RuntimeOptions' fields (`option_infos()`)."""
+
+    name: str                     # the field: farctx.Llama's keyword argument, the llm plugin's option
+    flags: tuple[str, ...]        # () : no flag
+    kind: str                     # cells, threads, layers, switch, kv, split, servers ('' : no flag)
+    help: str
+    minimum: Optional[int] = None
+    plugin: bool = False
+    differs: str = ""
+
+
+def _option(default: Any, help: str, *, flags: tuple[str, ...] = (), kind: str = "", minimum: Optional[int] = None,
+            plugin: bool = False, differs: str = "", factory: Any = None) -> Any:
+    meta = {"option": (flags, kind, help, minimum, plugin, differs)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class RuntimeOptions:
-    """How llama.cpp runs the model, by llama.cpp's names (docs/python-api.md, "Runtime options").
+    """How llama.cpp runs the model, by llama.cpp's names (docs/python-api.md, "Runtime options"): the one table of
+    runtime options. Each field's metadata gives its CLI flag, help and reason where its default differs from
+    llama.cpp's; the CLI's flags (every command and the server), farctx.Llama's and SequenceBatch's keyword
+    arguments and the llm plugin's options are made from it (`option_infos`)."""
 
-    Defaults are llama.cpp's (llama_context_default_params, llama_model_default_params) except: `n_ctx` 0 is the
-    context plan's cache (what the method needs for this model), `n_gpu_layers` 0 (llama-cpp-python's: the CPU
-    unless asked), `swa_full` False (llama-server's: a sliding-window cache holds its window, not the context).
-    """
-
-    n_ctx: int = 0                       # KV cells of all streams (-c); 0: the plan's
-    n_batch: Optional[int] = None        # logical batch (-b); None: the plan's (512, at most the cache)
-    n_ubatch: Optional[int] = None       # physical batch (-ub); None: the plan's (512, or fitted to a small cache)
-    n_threads: Optional[int] = None      # -t; None: llama.cpp's default
-    n_threads_batch: Optional[int] = None
-    flash_attn: bool = False             # -fa
-    type_k: Optional[int] = None         # -ctk, a ggml type id or llama.cpp's name; None: F16
-    type_v: Optional[int] = None         # -ctv
-    n_gpu_layers: int = 0                # -ngl; -1: every layer
-    tensor_split: Optional[Sequence[float]] = None  # -ts
-    rpc_servers: list[str] = field(default_factory=list)  # --rpc, HOST:PORT each
-    offload_kqv: bool = True
-    use_mmap: bool = True
-    swa_full: bool = False
-    verbose: bool = False
+    n_ctx: int = _option(
+        0, "KV cache size in tokens (0: what the method needs: head + n_local + n_ubatch for a fixed-cache method; "
+        "the prompt and the generation, else the trained context (vanilla, auto) or 4 x it, for the others)",
+        flags=("-c", "--ctx-size"), kind="cells", minimum=0, plugin=True,
+        differs="llama.cpp's 512 (llama-server: the trained context); a method past the trained context needs its "
+                "own size")
+    n_batch: Optional[int] = _option(
+        None, "logical batch size (0 / unset: 512, at most the cache)", flags=("-b", "--batch-size"), kind="cells",
+        minimum=1, plugin=True,
+        differs="llama.cpp's 2048: 512 is llama-cpp-python's, and a cache smaller than 2048 clamps it anyway")
+    n_ubatch: Optional[int] = _option(
+        None, "physical batch size (0 / unset: 512, or what a fixed-cache method's -c leaves room for)",
+        flags=("-ub", "--ubatch-size"), kind="cells", minimum=1, plugin=True)
+    n_threads: Optional[int] = _option(
+        None, "CPU threads (unset: llama.cpp's default; -t sets the batch threads too, as llama.cpp's)",
+        flags=("-t", "--threads"), kind="threads", minimum=1, plugin=True)
+    n_threads_batch: Optional[int] = _option(None, "CPU threads for prompt batches (unset: n_threads)", minimum=1)
+    flash_attn: bool = _option(
+        False, "flash attention", flags=("-fa", "--flash-attn"), kind="switch", plugin=True,
+        differs="llama.cpp's auto: the methods' graphs are checked with it on and off, and off is the one every "
+                "backend runs the same")
+    type_k: Optional[int] = _option(
+        None, "KV cache type for K (a ggml type id or llama.cpp's name; unset: f16)", flags=("-ctk", "--cache-type-k"),
+        kind="kv")
+    type_v: Optional[int] = _option(
+        None, "KV cache type for V (a quantized V needs flash attention)", flags=("-ctv", "--cache-type-v"), kind="kv")
+    n_gpu_layers: int = _option(
+        0, "layers to offload to the GPU (a number or 'all'; -1: all)", flags=("-ngl", "--gpu-layers", "--n-gpu-layers"),
+        kind="layers", minimum=-1, plugin=True,
+        differs="llama.cpp's -1, every layer: 0 is llama-cpp-python's, and the CPU is where every method is checked "
+                "first")
+    tensor_split: Optional[Sequence[float]] = _option(
+        None, "proportions of the offloaded layers per device, in llama.cpp's order: the --rpc servers, then the "
+        "local GPUs (unset: by free memory)", flags=("-ts", "--tensor-split"), kind="split")
+    rpc_servers: list[str] = _option(
+        None, "comma-separated HOST:PORT of ggml RPC servers (`farctx rpc-server`): the offloaded layers (-ngl) go "
+        "to them, then to the local GPUs", flags=("--rpc",), kind="servers", factory=list)
+    offload_kqv: bool = _option(True, "the KV cache and its attention on the GPU with the offloaded layers")
+    use_mmap: bool = _option(True, "map the model file instead of reading it")
+    swa_full: bool = _option(False, "a full-size cache for sliding-window layers",
+                             differs="on in the library; off is llama-server's: a sliding-window cache holds its "
+                                     "window, not the context")
+    verbose: bool = _option(False, "llama.cpp's log on stderr")
 
     def __post_init__(self) -> None:
         self.type_k, self.type_v = kv_type_id(self.type_k), kv_type_id(self.type_v)
@@ -85,6 +134,11 @@ class RuntimeOptions:
         if self.n_threads_batch is not None or self.n_threads is not None:
             out["n_threads_batch"] = self.n_threads_batch or self.n_threads  # llama.cpp's -t sets both
         return out
+
+
+def option_infos() -> tuple[OptionInfo, ...]:
+    """The table of runtime options, in RuntimeOptions' field order."""
+    return tuple(OptionInfo(f.name, *f.metadata["option"]) for f in fields(RuntimeOptions))
 
 
 @dataclass(frozen=True)
