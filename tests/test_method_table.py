@@ -14,7 +14,7 @@ from helpers import run_cli
 import farctx
 from farctx._native import native
 from farctx.errors import NoSpaceError
-from farctx.methods import ContextPlan, context_plan, method_infos, param_infos
+from farctx.methods import ContextPlan, context_plan, method_infos
 
 N = native()
 
