@@ -9,7 +9,7 @@ import click
 from farctx.kv_types import KV_TYPES
 
 if TYPE_CHECKING:
-    from farctx.context import RuntimeOptions
+    from farctx.context import OptionInfo, RuntimeOptions
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -52,10 +52,7 @@ _FLAG_KINDS: dict[str, dict[str, Any]] = {
 }
 
 
-def _flag(name: str) -> Decorator:
-    from farctx.context import option_infos
-
-    info = next(o for o in option_infos() if o.name == name)
+def _flag(info: "OptionInfo") -> Decorator:
     return click.option(*info.flags, info.name, help=info.help, **_FLAG_KINDS[info.kind])
 
 
@@ -64,7 +61,7 @@ def runtime_options(only: tuple[str, ...] = ()) -> Decorator:
     --rpc), or of the options named in `only`: how llama.cpp runs the model."""
     from farctx.context import option_infos
 
-    return _stack(*(_flag(o.name) for o in option_infos() if o.flags and (not only or o.name in only)))
+    return _stack(*(_flag(o) for o in option_infos() if o.flags and (not only or o.name in only)))
 
 
 def method_options(with_method: bool = True) -> Decorator:

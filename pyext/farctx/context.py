@@ -43,7 +43,7 @@ class OptionInfo:
 
 def _option(default: Any, help: str, *, flags: tuple[str, ...] = (), kind: str = "", minimum: Optional[int] = None,
             plugin: bool = False, differs: str = "", factory: Any = None) -> Any:
-    meta = {"option": (flags, kind, help, minimum, plugin, differs)}
+    meta = dict(flags=flags, kind=kind, help=help, minimum=minimum, plugin=plugin, differs=differs)
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -138,7 +138,7 @@ class RuntimeOptions:
 
 def option_infos() -> tuple[OptionInfo, ...]:
     """The table of runtime options, in RuntimeOptions' field order."""
-    return tuple(OptionInfo(f.name, *f.metadata["option"]) for f in fields(RuntimeOptions))
+    return tuple(OptionInfo(f.name, **f.metadata) for f in fields(RuntimeOptions))
 
 
 @dataclass(frozen=True)
