@@ -8,11 +8,18 @@
  *                   at k2(j): relpos q2(i) - k2(j)
  *   every logit:    times logit_scale (string's attention factor; 1 for the others), as a factor on the query
  * A method is its rule below; the fixed-cache ones (lminf, window, lambda-only, streaming) also evict.
+ *
+ * rerope and selfextend read every key beyond the window at k2(j), a position of the key alone, and every key
+ * within it at j. Each key moves once, in place, to k2(j) as it leaves the window (moved_below: before each
+ * llama_decode, the keys that its first query reads in the second segment; back on a rewind), so a generated
+ * token rotates only its query. A batch whose later queries read keys beyond the window that its first query still
+ * reads within it (a prompt) rotates a copy of those for its second segment.
  */
 #include "farctx-impl.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 enum seg2_keys {
     SEG2_NONE,   /* no second segment                                     */
@@ -28,7 +35,20 @@ struct window_rule {
     int32_t (*q2)(const struct farctx_params * p, int32_t i);
     int32_t (*k2)(const struct farctx_params * p, int32_t j);
     float   logit_scale;   /* 0: none (1) */
+    /* where the cache keeps key j while the keys [0, layout) are moved to k2 (NULL: the keys stay where written,
+     * the second segment reads a rotated copy) */
+    farctx_key_offset_fn moved;
 };
+
+/* the state of a rule whose keys move (per session) */
+struct window_keys {
+    int64_t moved_below;        /* keys [0, moved_below) sit at k2(j) */
+    int32_t n_cache_rotations;  /* times keys were moved in place */
+};
+
+static struct window_keys * keys_of(const struct farctx_session * s) {
+    return (struct window_keys *) s->state;
+}
 
 static const struct window_rule * rule_of(const struct farctx_session * s) {
     return (const struct window_rule *) s->ops->rule;
@@ -88,6 +108,14 @@ static int32_t q2_grouped(const struct farctx_params * p, int32_t i) {
 }
 static int32_t k2_grouped(const struct farctx_params * p, int32_t j) { return j / p->group; }
 
+/* the layouts of the rules whose keys move: keys below `layout` at k2(j) */
+static int64_t rerope_moved(const struct farctx_params * p, int64_t layout, int64_t j) {
+    return j < layout ? k2_zero(p, (int32_t) j) - j : 0;
+}
+static int64_t selfextend_moved(const struct farctx_params * p, int64_t layout, int64_t j) {
+    return j < layout ? k2_grouped(p, (int32_t) j) - j : 0;
+}
+
 /* string: the keys from shifted_offset S on read S - W nearer: query at i - S + W, keys where they are */
 static int32_t q2_shifted(const struct farctx_params * p, int32_t i) {
     return i - p->shifted_offset + p->local_value;
@@ -129,14 +157,27 @@ static int64_t first_needed(const struct farctx_params * p, int64_t next_pos) {
     return next_pos - p->n_local + 1;
 }
 
+/* keys [0, far_below(i)) are beyond the window of the query at i */
+static int64_t far_below(const struct farctx_session * s, int64_t i) {
+    const int64_t first = i - main_window(s) + 1;
+    return first > 0 ? first : 0;
+}
+
 static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
                          struct llama_attn_extrap_params * ex) {
+    if (rule_of(s)->moved != NULL) {
+        /* the keys that the last query reads beyond the window and the first within it: not moved yet */
+        ex->use_seg2_k_delta = far_below(s, pos + n_tokens - 1) > far_below(s, pos);
+        return;
+    }
     const int32_t head = farctx_params_head(&s->params);
     if (n_tokens == 1 && head > 0 && ex->n_seg2 == head) {
         /* one query: the head segment's bounded distance can rotate its keys instead of the query, so both
          * segments share the query, and the main one starts after the head cells (one flash-attention call
          * over both ranges where the cache allows it) */
         ex->kv_first = head;
+    } else if (rule_of(s)->k2 == k2_true) {
+        ex->use_seg2_k_delta = false;  /* the second segment reads the keys where they are written */
     }
 }
 
@@ -182,6 +223,13 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     if (s->active.kv_first > 0) {
         return fill_single_query(s, ub);
     }
+    const int64_t moved_below = r->moved != NULL ? keys_of(s)->moved_below : 0;
+    if (r->moved != NULL && ub->n_tokens > 0 && moved_below != far_below(s, ub->q_pos[0])) {
+        s->fill_error = true;
+        farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the cache does not match the query at %d: feed the stream "
+                            "through farctx", farctx_method_name(p->method), ub->q_pos[0]);
+        return 1;
+    }
 
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int32_t i = ub->q_pos[t];
@@ -194,12 +242,68 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
             ub->seg2_q_delta[t] = r->q2(p, i) - i;
         }
     }
-    for (int32_t c = 0; c < ub->n_seg2; ++c) {
+    for (int32_t c = 0; c < ub->n_seg2 && ub->seg2_k_delta != NULL; ++c) {
         const int32_t j = ub->seg2_pos[c];
-        ub->seg2_k_delta[c] = j >= 0 ? r->k2(p, j) - j : 0;
+        ub->seg2_k_delta[c] = j >= moved_below ? r->k2(p, j) - j : 0;  /* from where the cache keeps it */
     }
     fill_scale(r, ub);
     return 0;
+}
+
+/* before a llama_decode at pos: the keys beyond the window of the query at pos to k2, the others (after a rewind)
+ * back where they were written (the K-shift at the start of the llama_decode applies it) */
+static int32_t move_keys(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
+    (void) n_tokens;
+    struct window_keys * w = keys_of(s);
+    const int64_t to = far_below(s, pos);
+    if (to == w->moved_below) {
+        return FARCTX_OK;
+    }
+    bool moved = false;
+    const int32_t rc = farctx_session_move_keys(s, pos, rule_of(s)->moved, w->moved_below, to, &moved);
+    if (rc != FARCTX_OK) {
+        return rc;
+    }
+    w->n_cache_rotations += moved;
+    w->moved_below = to;
+    return FARCTX_OK;
+}
+
+static void keys_stats(const struct farctx_session * s, struct farctx_stats * st) {
+    st->n_cache_rotations = keys_of(s)->n_cache_rotations;
+}
+
+/* what farctx_session_state_get keeps: where the saved keys sit */
+struct keys_saved {
+    int64_t moved_below;
+    int32_t n_cache_rotations, pad;
+};
+
+static size_t keys_write(const struct farctx_session * s, uint8_t * dst) {
+    if (dst != NULL) {
+        struct keys_saved v;
+        memset(&v, 0, sizeof(v));
+        v.moved_below = keys_of(s)->moved_below;
+        v.n_cache_rotations = keys_of(s)->n_cache_rotations;
+        memcpy(dst, &v, sizeof(v));
+    }
+    return sizeof(struct keys_saved);
+}
+
+static int32_t keys_read(struct farctx_session * s, const uint8_t * src, size_t n) {
+    struct keys_saved v;
+    if (n != sizeof(v)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (%zu bytes of method state)",
+                                   farctx_method_name(s->params.method), n);
+    }
+    memcpy(&v, src, sizeof(v));
+    if (v.moved_below < 0) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (keys moved below %lld)",
+                                   farctx_method_name(s->params.method), (long long) v.moved_below);
+    }
+    keys_of(s)->moved_below = v.moved_below;
+    keys_of(s)->n_cache_rotations = v.n_cache_rotations;
+    return FARCTX_OK;
 }
 
 /* -- the methods -------------------------------------------------------------------------------------- */
@@ -261,16 +365,25 @@ static int32_t string_validate(const struct farctx_params * p, char * err, size_
 /* the reference's factor on its rotary tables, 0.1 ln 2 + 1, on queries and keys alike: (0.1 ln 2 + 1)^2 on a logit */
 #define STRING_LOGIT_SCALE 1.14343397f
 
-static const struct window_rule k_lminf       = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_bounded,    k2_zero,    0 };
-static const struct window_rule k_window      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_NONE, NULL,          NULL,       0 };
-static const struct window_rule k_lambda_only = { FARCTX_PARAM_N_LOCAL,  true,  SEG2_NONE, NULL,          NULL,       0 };
-static const struct window_rule k_rerope      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_ALL,  q2_bounded,    k2_zero,    0 };
-static const struct window_rule k_streaming   = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_cache_slot, k2_true,    0 };
-static const struct window_rule k_selfextend  = { FARCTX_PARAM_NEIGHBOR, false, SEG2_ALL,  q2_grouped,    k2_grouped, 0 };
+static const struct window_rule k_lminf       = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_bounded,    k2_zero,    0,
+                                                  NULL };
+static const struct window_rule k_window      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_NONE, NULL,          NULL,       0,
+                                                  NULL };
+static const struct window_rule k_lambda_only = { FARCTX_PARAM_N_LOCAL,  true,  SEG2_NONE, NULL,          NULL,       0,
+                                                  NULL };
+static const struct window_rule k_rerope      = { FARCTX_PARAM_N_LOCAL,  false, SEG2_ALL,  q2_bounded,    k2_zero,    0,
+                                                  rerope_moved };
+static const struct window_rule k_streaming   = { FARCTX_PARAM_N_LOCAL,  false, SEG2_HEAD, q2_cache_slot, k2_true,    0,
+                                                  NULL };
+static const struct window_rule k_selfextend  = { FARCTX_PARAM_NEIGHBOR, false, SEG2_ALL,  q2_grouped,    k2_grouped, 0,
+                                                  selfextend_moved };
 static const struct window_rule k_string      = { FARCTX_PARAM_SHIFTED_OFFSET, false, SEG2_ALL, q2_shifted, k2_true,
-                                                  STRING_LOGIT_SCALE };
+                                                  STRING_LOGIT_SCALE, NULL };
 
 #define WINDOW_OPS .setup = setup, .plain_below = plain_below, .batch_params = batch_params
+/* the rules whose keys move to where the second segment reads them */
+#define KEYS_OPS .state_size = sizeof(struct window_keys), .before_decode = move_keys, .stats = keys_stats, \
+                 .state_write = keys_write, .state_read = keys_read
 
 const struct farctx_method_ops farctx_lminf_ops = {
     WINDOW_OPS, .first_needed = first_needed, .validate = lminf_validate, .rule = &k_lminf };
@@ -279,10 +392,10 @@ const struct farctx_method_ops farctx_window_ops = {
 const struct farctx_method_ops farctx_lambda_only_ops = {
     WINDOW_OPS, .first_needed = first_needed, .rule = &k_lambda_only };
 const struct farctx_method_ops farctx_rerope_ops = {
-    WINDOW_OPS, .rule = &k_rerope };
+    WINDOW_OPS, KEYS_OPS, .rule = &k_rerope };
 const struct farctx_method_ops farctx_streaming_ops = {
     WINDOW_OPS, .first_needed = first_needed, .local_default = streaming_local_default, .rule = &k_streaming };
 const struct farctx_method_ops farctx_selfextend_ops = {
-    WINDOW_OPS, .validate = selfextend_validate, .init = selfextend_init, .rule = &k_selfextend };
+    WINDOW_OPS, KEYS_OPS, .validate = selfextend_validate, .init = selfextend_init, .rule = &k_selfextend };
 const struct farctx_method_ops farctx_string_ops = {
     WINDOW_OPS, .resolve = string_resolve, .validate = string_validate, .rule = &k_string };

@@ -9,7 +9,7 @@ import re
 import struct
 
 import pytest
-from helpers import run_cli
+from helpers import F32, run_cli
 
 import farctx
 from farctx.eval.niah import (FILLER, KINDS, REPEAT, Protocol, Record, Sampler, chat_formatter, effective_length,
@@ -147,7 +147,9 @@ def test_effective_length():
 
 @pytest.mark.parametrize("method", ["vanilla", "dca", "selfextend", "lminf"])
 def test_prefix_sharing_answers_as_a_fresh_run(tiny_model, method):
-    """The grid's order reads only what differs from the prompt before; the answers are those of prompts read whole."""
+    """The grid's order reads only what differs from the prompt before; the answers are those of prompts read whole.
+    An F32 cache: a method that moves keys in place (dca, selfextend) moves some back on each rewind, which an F16
+    cache rounds (docs/evaluation.md)."""
     vocab = farctx.Llama(str(tiny_model), vocab_only=True)
 
     def tokenize(text: str) -> list[int]:
@@ -155,7 +157,7 @@ def test_prefix_sharing_answers_as_a_fresh_run(tiny_model, method):
 
     sampler = Sampler(Protocol(digits=3), haystack_paragraphs(DOC), lambda t: len(tokenize(t)), seed=4)
     cells = plan_order([160, 240], [0.2, 0.8], 2)
-    kwargs = dict(method=method, n_ctx=320, n_batch=64, n_ubatch=64, flash_attn=True)
+    kwargs = dict(method=method, n_ctx=320, n_batch=64, n_ubatch=64, flash_attn=True, type_k=F32, type_v=F32)
     shared: list[Record] = []
     llm = farctx.Llama(str(tiny_model), **kwargs)
     run_cells(llm, sampler, method, cells, tokenize, shared.append)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole-stream family's speed and memory against vanilla (issue: SelfExtend and ReRoPE decode like dca): every
+# method that keeps every key, at 4x and 16x the attention-bound model's trained context (2048), paired rounds
+# against vanilla and stock llama.cpp in the same run, RSS and KV beside each row; then the default model at 4x an
+# assumed 2,048-token context, where the layers' own work is what a real model pays. Steps (STEPS=attnbound,default
+# runs some; a step whose output exists is skipped). Outputs in bench/results/whole-stream/. About 10 and 25 minutes
+# on 2 cores.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=bench/results/whole-stream
+mkdir -p "$out"
+want() { case ",${STEPS:-attnbound,default}," in *",$1,"*) return 0;; *) return 1;; esac; }
+report() {  # file, command...: the command, then what it prints
+    local file=$1; shift
+    { echo "\$ $*"; "$@"; } > "$file.tmp" && mv "$file.tmp" "$file"
+}
+farctx=.venv/bin/farctx
+methods=vanilla,selfextend,rerope,string,dca
+if want attnbound && [ ! -f "$out/speed-attnbound-4x-16x.md" ]; then
+    model=build/bench/attnbound-2k.gguf
+    [ -f "$model" ] || .venv/bin/python bench/attnbound_model.py "$model" > /dev/null
+    report "$out/speed-attnbound-4x-16x.md" $farctx bench --model "$model" --methods "$methods" --lengths 8k,32k \
+        --reps "${REPS:-3}" -n 64 -t "${THREADS:-2}" -fa on --json "$out/speed-attnbound-4x-16x.json" \
+        --plot "$out/speed-attnbound-4x-16x.png"
+fi
+if want default && [ ! -f "$out/speed-default-assumed2k-4x.md" ]; then
+    report "$out/speed-default-assumed2k-4x.md" $farctx bench --methods vanilla,selfextend,rerope,string \
+        --n-ctx-train 2048 --lengths 8k --reps "${REPS:-3}" -n 32 -t "${THREADS:-2}" -fa on \
+        --json "$out/speed-default-assumed2k-4x.json"
+fi
