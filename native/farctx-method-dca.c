@@ -22,7 +22,9 @@
  *
  * auto (docs/methods.md#auto) is this rule past the trained context and stock attention inside it: every query
  * before n_ctx_train reads every key at its true distance (phase 0: the cache as written, the stock graph), and the
- * cache moves to dca's layout at the first query from n_ctx_train on, as at any phase.
+ * cache moves to dca's layout at the first query from n_ctx_train on, as at any phase. With auto's default chunk
+ * (chunk_size = n_ctx_train) every query up to n_ctx_train reads true distances (plain_below) and the first chunk's
+ * keys are read where they were written (j mod s = j), so nothing moves at the boundary: auto is dca with that chunk.
  */
 #include "farctx-impl.h"
 
@@ -269,7 +271,20 @@ static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t
     return FARCTX_OK;
 }
 
+/* dca's defaults are ChunkLlama's (replace_with_chunkllama): chunk_size 3/4 of the trained context, local_window
+ * 1/8; auto's chunk_size is the trained context itself, so that its first query past it still reads every key at its
+ * true distance (docs/methods.md, "Why auto is what it is") */
+static void resolve(struct farctx_params * p) {
+    if (p->chunk_size <= 0) {
+        p->chunk_size = p->method == FARCTX_METHOD_AUTO ? p->n_ctx_train : p->n_ctx_train * 3 / 4;
+    }
+    if (p->local_window <= 0) {
+        p->local_window = p->n_ctx_train / 8;
+    }
+}
+
 #define DCA_OPS \
+    .resolve       = resolve, \
     .validate      = validate, \
     .state_size    = sizeof(struct farctx_dca), \
     .setup         = setup, \

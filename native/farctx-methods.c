@@ -86,7 +86,8 @@ static const struct farctx_param_info k_params[FARCTX_PARAM_COUNT] = {
     [FARCTX_PARAM_GROUP]        = P(group,        "group size Gs (0: ceil((n_ctx - W) / (n_ctx_train - W)))", 0, 0,
                                     M(SELFEXTEND)),
     [FARCTX_PARAM_NEIGHBOR]     = P(neighbor,     "neighbour window W (0: n_ctx_train / 2)", 0, 0, M(SELFEXTEND)),
-    [FARCTX_PARAM_CHUNK_SIZE]   = P(chunk_size,   "chunk size: the largest distance (0: 3 x n_ctx_train / 4)", 0, 0,
+    [FARCTX_PARAM_CHUNK_SIZE]   = P(chunk_size,   "chunk size: the largest distance (0: 3 x n_ctx_train / 4; auto: "
+                                    "n_ctx_train)", 0, 0,
                                     M(DCA) | M(AUTO)),
     [FARCTX_PARAM_LOCAL_WINDOW] = P(local_window, "local window: chunks are chunk_size - local_window tokens "
                                     "(0: n_ctx_train / 8)", 0, 0, M(DCA) | M(AUTO)),

@@ -22,12 +22,6 @@ void farctx_params_resolve(struct farctx_params * p, const struct llama_model * 
     if (p->neighbor <= 0) {
         p->neighbor = p->n_ctx_train / 2;
     }
-    if (p->chunk_size <= 0) {  /* ChunkLlama's replace_with_chunkllama */
-        p->chunk_size = p->n_ctx_train * 3 / 4;
-    }
-    if (p->local_window <= 0) {
-        p->local_window = p->n_ctx_train / 8;
-    }
     const struct farctx_method_def * own = farctx_method_def(p->method);
     if (own != NULL && own->ops != NULL && own->ops->resolve != NULL) {
         own->ops->resolve(p);

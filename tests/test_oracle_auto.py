@@ -15,16 +15,23 @@ from farctx.batch import SequenceBatch
 from farctx.methods import method_infos
 
 L_TR = 32  # the tiny model's trained context
-DEFAULTS = dict(chunk_size=24, local_window=4)  # dca's defaults for L_TR: s = 20, the first dca query at phase 3
+DEFAULTS = dict(chunk_size=32, local_window=4)  # auto's defaults for L_TR: chunk_size L_TR, s = 28
+DCA_DEFAULTS = dict(chunk_size=24, local_window=4)  # dca's: 3/4 and 1/8 of L_TR, s = 20
 N_TOKENS, N_PREFILL = 120, 90
 
 
 def test_design_test_vectors():
-    """docs/methods.md 1.6: the last query inside the trained context reads true distances, the first past it dca's."""
-    rule = auto_rule(34, 32, **DEFAULTS)
+    """docs/methods.md 1.6: the last query inside the trained context reads true distances, the first past it dca's;
+    with auto's default chunk (the trained context) that is dca's rule with that chunk at every query."""
+    rule = auto_rule(34, 32, **DCA_DEFAULTS)
     assert rule.relpos[31].tolist()[:4] == [31, 30, 29, 28]
-    assert rule.relpos[32].tolist() == dca_rule(34, **DEFAULTS).relpos[32].tolist()
+    assert rule.relpos[32].tolist() == dca_rule(34, **DCA_DEFAULTS).relpos[32].tolist()
     assert rule.relpos[32].tolist()[:3] == [24, 23, 22]  # the first chunk read from chunk_size
+    rule = auto_rule(120, 32, **DEFAULTS)
+    assert rule.relpos[32].tolist()[:3] == [32, 31, 30]  # the first query past it: still true distances
+    assert rule.relpos[33].tolist()[:3] == [32, 31, 30]  # the next: the first chunk read from chunk_size
+    assert np.array_equal(rule.relpos, dca_rule(120, **DEFAULTS).relpos)
+    assert not np.array_equal(rule.relpos, auto_rule(120, 32, **DCA_DEFAULTS).relpos)
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +51,11 @@ def test_auto_matches_oracle(tiny_model, auto_ref, kv, n_ubatch):
 
 
 def test_oracle_tells_auto_from_dca_and_vanilla(tiny_model, oracle, auto_ref):
-    """The comparison above can fail: dca's rule (which differs from auto's between chunk_size and the trained
-    context, and so in every later hidden state) and vanilla's are far outside the tolerance."""
+    """The comparison above can fail: dca's rule at dca's defaults (which differs from auto's from chunk_size on,
+    and so in every later hidden state) and vanilla's are far outside the tolerance."""
     tokens, ref = auto_ref
     got = engine_logits(tiny_model, tokens, N_PREFILL, n_ubatch=7, method="auto", n_ctx=256)
-    dca = oracle.logits(tokens, dca_rule(len(tokens), **DEFAULTS))
+    dca = oracle.logits(tokens, dca_rule(len(tokens), **DCA_DEFAULTS))
     vanilla = oracle.logits(tokens, None)
     err = np.abs(got - ref).max()
     assert err < 1e-4 * np.abs(ref).max()
@@ -86,8 +93,8 @@ def test_streams_inside_the_trained_context_bitwise_vanilla(tiny_model):
 
 def test_defaults_checks_and_info(tiny_model):
     llm = farctx.Llama(str(tiny_model), method="auto", n_ctx=256)
-    try:  # dca's defaults past the trained context: 3/4 and 1/8 of it
-        assert llm.method_params.chunk_size == 24 and llm.method_params.local_window == 4
+    try:  # chunk_size the trained context, local_window 1/8 of it
+        assert llm.method_params.chunk_size == 32 and llm.method_params.local_window == 4
         assert llm.method_params.method == "auto"
     finally:
         llm.close()
