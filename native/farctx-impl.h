@@ -127,6 +127,29 @@ typedef int64_t (*farctx_key_offset_fn)(const struct farctx_params * p, int64_t 
 int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t from,
                                  int64_t to, bool * moved);
 
+/* the state (s->state) of a method whose cached keys sit where the segment that reads them needs them (dca, auto,
+ * selfextend, rerope): the layout they hold (the method's own number, >= 0) and the times they moved */
+struct farctx_key_layout {
+    int64_t layout;
+    int32_t n_cache_rotations;
+};
+
+static inline struct farctx_key_layout * farctx_key_layout_of(const struct farctx_session * s) {
+    return (struct farctx_key_layout *) s->state;
+}
+
+/* moves the cached keys [0, pos) from the state's layout to `to` (farctx_session_move_keys) and records it */
+int32_t farctx_key_layout_move(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t to);
+/* the operations of such a method's state: its counter, and the layout a saved state carries */
+void    farctx_key_layout_stats(const struct farctx_session * s, struct farctx_stats * st);
+size_t  farctx_key_layout_write(const struct farctx_session * s, uint8_t * dst);
+int32_t farctx_key_layout_read(struct farctx_session * s, const uint8_t * src, size_t n);
+#define FARCTX_KEY_LAYOUT_OPS \
+    .state_size  = sizeof(struct farctx_key_layout), \
+    .stats       = farctx_key_layout_stats, \
+    .state_write = farctx_key_layout_write, \
+    .state_read  = farctx_key_layout_read
+
 /* write a formatted one-line message into buf (buf may be NULL); returns code */
 int32_t farctx_fail(char * buf, size_t size, int32_t code, const char * fmt, ...)
 #if defined(__GNUC__)

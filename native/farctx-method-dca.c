@@ -30,17 +30,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
-
-/* the layout the cache holds, and the scratch of a rotation (per session: no module-level state) */
-struct farctx_dca {
-    int64_t   rot_phase;          /* the phase whose layout the cached keys hold */
-    int32_t   n_cache_rotations;  /* times the cached keys were rotated in place */
-};
-
-static struct farctx_dca * dca_of(const struct farctx_session * s) {
-    return (struct farctx_dca *) s->state;
-}
 
 static int64_t stride(const struct farctx_params * p) {
     return p->chunk_size - p->local_window;
@@ -120,11 +109,11 @@ static int32_t cells_in_order(const int32_t * kv_pos, int32_t n_kv, int64_t * p0
 static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
-    const struct farctx_dca * d = dca_of(s);
+    const struct farctx_key_layout * d = farctx_key_layout_of(s);
     /* batch_params: a prompt batch that crosses phases, its second segment a copy of the keys at j mod s: where the
      * earlier chunks' query is chunk_size (chunk_size <= 2s - 1), the only case with a phase inside a chunk */
     const bool copy = ub->seg2_k_delta != NULL;
-    if (phase_of(p, ub->q_pos[0]) != d->rot_phase || ub->n_seg2 != ub->n_kv ||
+    if (phase_of(p, ub->q_pos[0]) != d->layout || ub->n_seg2 != ub->n_kv ||
             (copy && p->chunk_size != inter_q(p))) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the cache or the attention settings do not match the query "
@@ -135,7 +124,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     const int32_t m = cells_in_order(ub->kv_pos, ub->n_kv, &p0);
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int64_t i = ub->q_pos[t], phase = phase_of(p, i);
-        if (!copy && phase != d->rot_phase) {
+        if (!copy && phase != d->layout) {
             s->fill_error = true;
             farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the queries of a ubatch span two phases (positions %d "
                                 "and %lld): feed the stream through farctx", farctx_method_name(p->method),
@@ -161,7 +150,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     if (copy) {  /* each cached key from where the layout holds it to where the second segment reads it */
         for (int32_t c = 0; c < ub->n_seg2; ++c) {
             const int64_t j = ub->seg2_pos[c];
-            ub->seg2_k_delta[c] = j < 0 ? 0 : (int32_t) (j % stride(p) - (j + key_offset(p, d->rot_phase, j)));
+            ub->seg2_k_delta[c] = j < 0 ? 0 : (int32_t) (j % stride(p) - (j + key_offset(p, d->layout, j)));
         }
     }
     return 0;
@@ -171,20 +160,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
  * the llama_decode applies it). The batch's own keys are in its chunk: written where every layout keeps them */
 static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
     (void) n_tokens;
-    const struct farctx_params * p = &s->params;
-    struct farctx_dca * d = dca_of(s);
-    const int64_t phase = phase_of(p, pos);
-    if (phase == d->rot_phase) {
-        return FARCTX_OK;
-    }
-    bool moved = false;
-    const int32_t rc = farctx_session_move_keys(s, pos, key_offset, d->rot_phase, phase, &moved);
-    if (rc != FARCTX_OK) {
-        return rc;
-    }
-    d->n_cache_rotations += moved;
-    d->rot_phase = phase;
-    return FARCTX_OK;
+    return farctx_key_layout_move(s, pos, key_offset, phase_of(&s->params, pos));
 }
 
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {
@@ -235,42 +211,6 @@ static int32_t validate(const struct farctx_params * p, char * err, size_t err_s
     return FARCTX_OK;
 }
 
-static void stats(const struct farctx_session * s, struct farctx_stats * st) {
-    st->n_cache_rotations = dca_of(s)->n_cache_rotations;
-}
-
-/* what farctx_session_state_get keeps: the layout of the saved keys */
-struct dca_saved {
-    int64_t rot_phase;
-    int32_t n_cache_rotations, pad;
-};
-
-static size_t state_write(const struct farctx_session * s, uint8_t * dst) {
-    if (dst != NULL) {
-        struct dca_saved v;
-        memset(&v, 0, sizeof(v));
-        v.rot_phase = dca_of(s)->rot_phase;
-        v.n_cache_rotations = dca_of(s)->n_cache_rotations;
-        memcpy(dst, &v, sizeof(v));
-    }
-    return sizeof(struct dca_saved);
-}
-
-static int32_t state_read(struct farctx_session * s, const uint8_t * src, size_t n) {
-    if (n != sizeof(struct dca_saved)) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (%zu bytes)", farctx_method_name(s->params.method), n);
-    }
-    struct dca_saved v;
-    memcpy(&v, src, sizeof(v));
-    if (v.rot_phase < 0) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (phase %lld)",
-                                   farctx_method_name(s->params.method), (long long) v.rot_phase);
-    }
-    dca_of(s)->rot_phase = v.rot_phase;
-    dca_of(s)->n_cache_rotations = v.n_cache_rotations;
-    return FARCTX_OK;
-}
-
 /* dca's defaults are ChunkLlama's (replace_with_chunkllama): chunk_size 3/4 of the trained context, local_window
  * 1/8; auto's chunk_size is the trained context itself, so that its first query past it still reads every key at its
  * true distance (docs/methods.md, "Why auto is what it is") */
@@ -286,15 +226,12 @@ static void resolve(struct farctx_params * p) {
 #define DCA_OPS \
     .resolve       = resolve, \
     .validate      = validate, \
-    .state_size    = sizeof(struct farctx_dca), \
     .setup         = setup, \
     .plain_below   = plain_below, \
     .segment_end   = segment_end, \
     .batch_params  = batch_params, \
     .before_decode = rotate_cache, \
-    .stats         = stats, \
-    .state_write   = state_write, \
-    .state_read    = state_read
+    FARCTX_KEY_LAYOUT_OPS
 
 const struct farctx_method_ops farctx_dca_ops  = { DCA_OPS };
 const struct farctx_method_ops farctx_auto_ops = { DCA_OPS };  /* the same operations: stock_below tells them apart */

@@ -19,7 +19,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 enum seg2_keys {
     SEG2_NONE,   /* no second segment                                     */
@@ -39,16 +38,6 @@ struct window_rule {
      * the second segment reads a rotated copy) */
     farctx_key_offset_fn moved;
 };
-
-/* the state of a rule whose keys move (per session) */
-struct window_keys {
-    int64_t moved_below;        /* keys [0, moved_below) sit at k2(j) */
-    int32_t n_cache_rotations;  /* times keys were moved in place */
-};
-
-static struct window_keys * keys_of(const struct farctx_session * s) {
-    return (struct window_keys *) s->state;
-}
 
 static const struct window_rule * rule_of(const struct farctx_session * s) {
     return (const struct window_rule *) s->ops->rule;
@@ -223,7 +212,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     if (s->active.kv_first > 0) {
         return fill_single_query(s, ub);
     }
-    const int64_t moved_below = r->moved != NULL ? keys_of(s)->moved_below : 0;
+    const int64_t moved_below = r->moved != NULL ? farctx_key_layout_of(s)->layout : 0;  /* keys [0, it) at k2 */
     if (r->moved != NULL && ub->n_tokens > 0 && moved_below != far_below(s, ub->q_pos[0])) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the cache does not match the query at %d: feed the stream "
@@ -254,56 +243,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
  * back where they were written (the K-shift at the start of the llama_decode applies it) */
 static int32_t move_keys(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
     (void) n_tokens;
-    struct window_keys * w = keys_of(s);
-    const int64_t to = far_below(s, pos);
-    if (to == w->moved_below) {
-        return FARCTX_OK;
-    }
-    bool moved = false;
-    const int32_t rc = farctx_session_move_keys(s, pos, rule_of(s)->moved, w->moved_below, to, &moved);
-    if (rc != FARCTX_OK) {
-        return rc;
-    }
-    w->n_cache_rotations += moved;
-    w->moved_below = to;
-    return FARCTX_OK;
-}
-
-static void keys_stats(const struct farctx_session * s, struct farctx_stats * st) {
-    st->n_cache_rotations = keys_of(s)->n_cache_rotations;
-}
-
-/* what farctx_session_state_get keeps: where the saved keys sit */
-struct keys_saved {
-    int64_t moved_below;
-    int32_t n_cache_rotations, pad;
-};
-
-static size_t keys_write(const struct farctx_session * s, uint8_t * dst) {
-    if (dst != NULL) {
-        struct keys_saved v;
-        memset(&v, 0, sizeof(v));
-        v.moved_below = keys_of(s)->moved_below;
-        v.n_cache_rotations = keys_of(s)->n_cache_rotations;
-        memcpy(dst, &v, sizeof(v));
-    }
-    return sizeof(struct keys_saved);
-}
-
-static int32_t keys_read(struct farctx_session * s, const uint8_t * src, size_t n) {
-    struct keys_saved v;
-    if (n != sizeof(v)) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (%zu bytes of method state)",
-                                   farctx_method_name(s->params.method), n);
-    }
-    memcpy(&v, src, sizeof(v));
-    if (v.moved_below < 0) {
-        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (keys moved below %lld)",
-                                   farctx_method_name(s->params.method), (long long) v.moved_below);
-    }
-    keys_of(s)->moved_below = v.moved_below;
-    keys_of(s)->n_cache_rotations = v.n_cache_rotations;
-    return FARCTX_OK;
+    return farctx_key_layout_move(s, pos, rule_of(s)->moved, far_below(s, pos));
 }
 
 /* -- the methods -------------------------------------------------------------------------------------- */
@@ -382,8 +322,7 @@ static const struct window_rule k_string      = { FARCTX_PARAM_SHIFTED_OFFSET, f
 
 #define WINDOW_OPS .setup = setup, .plain_below = plain_below, .batch_params = batch_params
 /* the rules whose keys move to where the second segment reads them */
-#define KEYS_OPS .state_size = sizeof(struct window_keys), .before_decode = move_keys, .stats = keys_stats, \
-                 .state_write = keys_write, .state_read = keys_read
+#define KEYS_OPS .before_decode = move_keys, FARCTX_KEY_LAYOUT_OPS
 
 const struct farctx_method_ops farctx_lminf_ops = {
     WINDOW_OPS, .first_needed = first_needed, .validate = lminf_validate, .rule = &k_lminf };

@@ -164,6 +164,21 @@ int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_
     return FARCTX_OK;
 }
 
+int32_t farctx_key_layout_move(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t to) {
+    struct farctx_key_layout * l = farctx_key_layout_of(s);
+    if (to == l->layout) {
+        return FARCTX_OK;
+    }
+    bool moved = false;
+    const int32_t rc = farctx_session_move_keys(s, pos, offset, l->layout, to, &moved);
+    if (rc != FARCTX_OK) {
+        return rc;
+    }
+    l->n_cache_rotations += moved;
+    l->layout = to;
+    return FARCTX_OK;
+}
+
 int32_t farctx_session_rewind(struct farctx_session * s, int64_t n_keep) {
     if (s == NULL) {
         return FARCTX_ERR_PARAM;

@@ -90,3 +90,40 @@ int32_t farctx_session_state_set(struct farctx_session * s, const uint8_t * src,
     s->window_fitted = h.window_fitted != 0;
     return FARCTX_OK;
 }
+
+/* what farctx_session_state_get keeps of a method whose keys move: where the saved keys sit */
+struct key_layout_saved {
+    int64_t layout;
+    int32_t n_cache_rotations, pad;
+};
+
+void farctx_key_layout_stats(const struct farctx_session * s, struct farctx_stats * st) {
+    st->n_cache_rotations = farctx_key_layout_of(s)->n_cache_rotations;
+}
+
+size_t farctx_key_layout_write(const struct farctx_session * s, uint8_t * dst) {
+    if (dst != NULL) {
+        struct key_layout_saved v;
+        memset(&v, 0, sizeof(v));
+        v.layout = farctx_key_layout_of(s)->layout;
+        v.n_cache_rotations = farctx_key_layout_of(s)->n_cache_rotations;
+        memcpy(dst, &v, sizeof(v));
+    }
+    return sizeof(struct key_layout_saved);
+}
+
+int32_t farctx_key_layout_read(struct farctx_session * s, const uint8_t * src, size_t n) {
+    struct key_layout_saved v;
+    if (n != sizeof(v)) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (%zu bytes)",
+                                   farctx_method_name(s->params.method), n);
+    }
+    memcpy(&v, src, sizeof(v));
+    if (v.layout < 0) {
+        return farctx_session_fail(s, FARCTX_ERR_PARAM, "not a %s stream state (layout %lld)",
+                                   farctx_method_name(s->params.method), (long long) v.layout);
+    }
+    farctx_key_layout_of(s)->layout = v.layout;
+    farctx_key_layout_of(s)->n_cache_rotations = v.n_cache_rotations;
+    return FARCTX_OK;
+}
