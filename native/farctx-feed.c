@@ -285,6 +285,11 @@ static int32_t feed_streams(struct farctx_session ** sessions, int32_t n_session
                 bad = member_of[g];
             }
         }
+        for (int32_t g = 0; g < n_members; ++g) {
+            if (members[g]->ops->end_decode != NULL) {
+                members[g]->ops->end_decode(members[g], ret == 0 && !fill_error);
+            }
+        }
         if (ret != 0 || fill_error) {
             /* nothing of this decode stays in any of its streams; the one at fault has the message */
             for (int32_t g = 0; g < n_members; ++g) {

@@ -60,6 +60,8 @@ struct farctx_method_ops {
                             struct llama_attn_extrap_params * ex);
     /* before llama_decode of the batch of n_tokens at pos (NULL: nothing) */
     int32_t (*before_decode)(struct farctx_session * s, int64_t pos, int32_t n_tokens);
+    /* after it, the batch at s->n_past: computed, whether its graph ran (NULL: nothing) */
+    void    (*end_decode)(struct farctx_session * s, bool computed);
     /* the stream is cut to n_keep: FARCTX_OK, or FARCTX_ERR_REPLAY if it cannot be (NULL: always can) */
     int32_t (*rewind)(struct farctx_session * s, int64_t n_keep);
     /* the method's counters */
@@ -121,11 +123,12 @@ int64_t farctx_session_first_needed(const struct farctx_session * s, int64_t nex
 /* where a method's cache layout `layout` keeps key j, relative to its true position */
 typedef int64_t (*farctx_key_offset_fn)(const struct farctx_params * p, int64_t layout, int64_t j);
 
-/* moves the stream's cached keys [0, pos) from layout `from` to layout `to` in place, their positions kept
- * (llama_memory_seq_rotate_k: the K-shift at the start of the next llama_decode applies it). *moved: whether any key
- * moved. FARCTX_OK, or FARCTX_ERR_DECODE with the message in the session */
-int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t from,
-                                 int64_t to, bool * moved);
+/* moves the stream's cached keys [first, pos) from layout `from` to layout `to` in place, their positions kept
+ * (llama_memory_seq_rotate_k: the K-shift at the start of the next llama_decode applies it); the keys before first
+ * sit alike in both layouts. *moved: whether any key moved. FARCTX_OK, or FARCTX_ERR_DECODE with the message in the
+ * session */
+int32_t farctx_session_move_keys(struct farctx_session * s, int64_t first, int64_t pos, farctx_key_offset_fn offset,
+                                 int64_t from, int64_t to, bool * moved);
 
 /* the state (s->state) of a method whose cached keys sit where the segment that reads them needs them (dca, auto,
  * selfextend, rerope): the layout they hold (the method's own number, >= 0) and the times they moved */
@@ -138,8 +141,9 @@ static inline struct farctx_key_layout * farctx_key_layout_of(const struct farct
     return (struct farctx_key_layout *) s->state;
 }
 
-/* moves the cached keys [0, pos) from the state's layout to `to` (farctx_session_move_keys) and records it */
-int32_t farctx_key_layout_move(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t to);
+/* moves the cached keys [first, pos) from the state's layout to `to` (farctx_session_move_keys) and records it */
+int32_t farctx_key_layout_move(struct farctx_session * s, int64_t first, int64_t pos, farctx_key_offset_fn offset,
+                               int64_t to);
 /* the operations of such a method's state: its counter, and the layout a saved state carries */
 void    farctx_key_layout_stats(const struct farctx_session * s, struct farctx_stats * st);
 size_t  farctx_key_layout_write(const struct farctx_session * s, uint8_t * dst);

@@ -160,7 +160,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
  * the llama_decode applies it). The batch's own keys are in its chunk: written where every layout keeps them */
 static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
     (void) n_tokens;
-    return farctx_key_layout_move(s, pos, key_offset, phase_of(&s->params, pos));
+    return farctx_key_layout_move(s, 0, pos, key_offset, phase_of(&s->params, pos));
 }
 
 static void setup(struct farctx_session * s, struct llama_attn_extrap_params * out) {

@@ -177,7 +177,7 @@ static int32_t rotate_cache(struct farctx_session * s, int64_t pos, int32_t n_to
         return FARCTX_OK;  /* the usual case: nothing to do until the stair moves (every C tokens) */
     }
     bool moved = false;
-    const int32_t rc = farctx_session_move_keys(s, pos, stair_offset, m->rot_S, S, &moved);
+    const int32_t rc = farctx_session_move_keys(s, 0, pos, stair_offset, m->rot_S, S, &moved);
     if (rc != FARCTX_OK) {
         return rc;
     }

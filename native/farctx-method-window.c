@@ -10,10 +10,12 @@
  * A method is its rule below; the fixed-cache ones (lminf, window, lambda-only, streaming) also evict.
  *
  * rerope and selfextend read every key beyond the window at k2(j), a position of the key alone, and every key
- * within it at j. Each key moves once, in place, to k2(j) as it leaves the window (moved_below: before each
- * llama_decode, the keys that its first query reads in the second segment; back on a rewind), so a generated
- * token rotates only its query. A batch whose later queries read keys beyond the window that its first query still
- * reads within it (a prompt) rotates a copy of those for its second segment.
+ * within it at j. Each key moves once, in place, to k2(j) as it leaves the window: the graph of each batch first
+ * rotates the keys that left it since the batch before (n_k_move: one per generated token, a ubatch's worth per
+ * prompt ubatch), so a generated token rotates one key and its query, and its graph is reused from token to token.
+ * A larger move (back on a rewind, to a loaded state's layout) goes through the K-shift before the llama_decode. A
+ * batch whose later queries read keys beyond the window that its first query still reads within it (a prompt)
+ * rotates a copy of those for its second segment.
  */
 #include "farctx-impl.h"
 
@@ -68,15 +70,28 @@ static void fill_main_row(const struct farctx_session * s, int32_t i, const int3
     }
 }
 
-/* second segment (bounded distance): keys beyond the window */
-static bool seg2_allowed(const struct farctx_session * s, int32_t i, int32_t j) {
-    if (j < 0 || j > i || i - j < main_window(s)) {
-        return false;
-    }
+/* second segment (bounded distance): keys beyond the window, j < below = i - window + 1, and of those the head
+ * tokens only (j < upto) or every one. One predicate for the single test and the per-row fill */
+static bool seg2_visible(int32_t j, int64_t below, int64_t upto) {
+    return j >= 0 && j < below && j < upto;
+}
+
+static int64_t seg2_upto(const struct farctx_session * s) {
     switch (rule_of(s)->seg2) {
-        case SEG2_HEAD: return j < farctx_params_head(&s->params);
-        case SEG2_ALL:  return true;
-        default:        return false;
+        case SEG2_HEAD: return farctx_params_head(&s->params);
+        case SEG2_ALL:  return INT64_MAX;
+        default:        return 0;
+    }
+}
+
+static bool seg2_allowed(const struct farctx_session * s, int32_t i, int32_t j) {
+    return seg2_visible(j, (int64_t) i - main_window(s) + 1, seg2_upto(s));
+}
+
+static void fill_seg2_row(const struct farctx_session * s, int32_t i, const int32_t * pos, int32_t n, float * row) {
+    const int64_t below = (int64_t) i - main_window(s) + 1, upto = seg2_upto(s);
+    for (int32_t c = 0; c < n; ++c) {
+        row[c] = seg2_visible(pos[c], below, upto) ? 0.0f : -INFINITY;
     }
 }
 
@@ -152,9 +167,18 @@ static int64_t far_below(const struct farctx_session * s, int64_t i) {
     return first > 0 ? first : 0;
 }
 
+/* the keys that left the window since the cache's layout, when the graph of the batch at pos rotates them itself
+ * (n_k_move): at most a ubatch of them, the stream going forward (a generated token moves one key, a prompt's ubatch
+ * the count of the one before it); 0 when none left or the cache moves back (a rewind, a loaded state) */
+static int32_t graph_moves(const struct farctx_session * s, int64_t pos) {
+    const int64_t n = far_below(s, pos) - farctx_key_layout_of(s)->layout;
+    return n > 0 && n <= (int64_t) llama_n_ubatch(s->ctx) ? (int32_t) n : 0;
+}
+
 static void batch_params(const struct farctx_session * s, int64_t pos, int32_t n_tokens,
                          struct llama_attn_extrap_params * ex) {
     if (rule_of(s)->moved != NULL) {
+        ex->n_k_move = graph_moves(s, pos);
         /* the keys that the last query reads beyond the window and the first within it: not moved yet */
         ex->use_seg2_k_delta = far_below(s, pos + n_tokens - 1) > far_below(s, pos);
         return;
@@ -212,22 +236,34 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     if (s->active.kv_first > 0) {
         return fill_single_query(s, ub);
     }
-    const int64_t moved_below = r->moved != NULL ? farctx_key_layout_of(s)->layout : 0;  /* keys [0, it) at k2 */
-    if (r->moved != NULL && ub->n_tokens > 0 && moved_below != far_below(s, ub->q_pos[0])) {
+    /* keys [0, moved_below) at k2 once the graph has rotated [layout, moved_below) (n_k_move) */
+    const int64_t layout = r->moved != NULL ? farctx_key_layout_of(s)->layout : 0;
+    const int64_t moved_below = r->moved != NULL && ub->n_tokens > 0 ? far_below(s, ub->q_pos[0]) : layout;
+    if (moved_below - layout != ub->n_k_move) {
         s->fill_error = true;
         farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the cache does not match the query at %d: feed the stream "
-                            "through farctx", farctx_method_name(p->method), ub->q_pos[0]);
+                            "through farctx", farctx_method_name(p->method), ub->n_tokens > 0 ? ub->q_pos[0] : -1);
         return 1;
+    }
+    for (int32_t c = 0, m = 0; m < ub->n_k_move; ++c) {
+        if (c == ub->n_kv) {
+            s->fill_error = true;
+            farctx_session_fail(s, FARCTX_ERR_PARAM, "%s: the keys from position %lld are not in the cache",
+                                farctx_method_name(p->method), (long long) layout);
+            return 1;
+        }
+        const int32_t j = ub->kv_pos[c];
+        if (j >= layout && j < moved_below) {
+            ub->k_move_cell[m]    = c;
+            ub->k_move_delta[m++] = (int32_t) (r->moved(p, moved_below, j) - r->moved(p, layout, j));
+        }
     }
 
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int32_t i = ub->q_pos[t];
         fill_main_row(s, i, ub->kv_pos, ub->n_kv, ub->mask + (size_t) t * ub->n_kv);
         if (ub->n_seg2 > 0) {
-            float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
-            for (int32_t c = 0; c < ub->n_seg2; ++c) {
-                row2[c] = seg2_allowed(s, i, ub->seg2_pos[c]) ? 0.0f : -INFINITY;
-            }
+            fill_seg2_row(s, i, ub->seg2_pos, ub->n_seg2, ub->seg2_mask + (size_t) t * ub->n_seg2);
             ub->seg2_q_delta[t] = r->q2(p, i) - i;
         }
     }
@@ -240,10 +276,22 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
 }
 
 /* before a llama_decode at pos: the keys beyond the window of the query at pos to k2, the others (after a rewind)
- * back where they were written (the K-shift at the start of the llama_decode applies it) */
+ * back where they were written. The batch's graph rotates the keys that left the window since the last batch
+ * (graph_moves, end_decode); any other move goes through the K-shift at the start of the llama_decode */
 static int32_t move_keys(struct farctx_session * s, int64_t pos, int32_t n_tokens) {
     (void) n_tokens;
-    return farctx_key_layout_move(s, pos, rule_of(s)->moved, far_below(s, pos));
+    if (graph_moves(s, pos) > 0) {
+        return FARCTX_OK;
+    }
+    const int64_t to = far_below(s, pos), from = farctx_key_layout_of(s)->layout;
+    return farctx_key_layout_move(s, from < to ? from : to, pos, rule_of(s)->moved, to);  /* keys between from and to */
+}
+
+/* after the llama_decode of a batch at s->n_past: the keys its graph rotated are where the layout says */
+static void moved_in_graph(struct farctx_session * s, bool computed) {
+    if (computed && s->active.n_k_move > 0) {
+        farctx_key_layout_of(s)->layout = far_below(s, s->n_past);
+    }
 }
 
 /* -- the methods -------------------------------------------------------------------------------------- */
@@ -322,7 +370,7 @@ static const struct window_rule k_string      = { FARCTX_PARAM_SHIFTED_OFFSET, f
 
 #define WINDOW_OPS .setup = setup, .plain_below = plain_below, .batch_params = batch_params
 /* the rules whose keys move to where the second segment reads them */
-#define KEYS_OPS .before_decode = move_keys, FARCTX_KEY_LAYOUT_OPS
+#define KEYS_OPS .before_decode = move_keys, .end_decode = moved_in_graph, FARCTX_KEY_LAYOUT_OPS
 
 const struct farctx_method_ops farctx_lminf_ops = {
     WINDOW_OPS, .first_needed = first_needed, .validate = lminf_validate, .rule = &k_lminf };

@@ -139,14 +139,14 @@ void farctx_session_free(struct farctx_session * session) {
     free(session);
 }
 
-int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t from,
-                                 int64_t to, bool * moved) {
+int32_t farctx_session_move_keys(struct farctx_session * s, int64_t first, int64_t pos, farctx_key_offset_fn offset,
+                                 int64_t from, int64_t to, bool * moved) {
     *moved = false;
     if (s->k_step == NULL && (s->k_step = calloc(llama_n_ctx_seq(s->ctx), sizeof(int32_t))) == NULL) {
         return farctx_session_fail(s, FARCTX_ERR_DECODE, "out of memory");
     }
     int64_t p0 = -1, p1 = -1;  /* the span of keys that move */
-    for (int64_t j = 0; j < pos; ++j) {
+    for (int64_t j = first > 0 ? first : 0; j < pos; ++j) {
         s->k_step[j] = (int32_t) (offset(&s->params, to, j) - offset(&s->params, from, j));
         if (s->k_step[j] != 0) {
             p0 = p0 < 0 ? j : p0;
@@ -164,13 +164,14 @@ int32_t farctx_session_move_keys(struct farctx_session * s, int64_t pos, farctx_
     return FARCTX_OK;
 }
 
-int32_t farctx_key_layout_move(struct farctx_session * s, int64_t pos, farctx_key_offset_fn offset, int64_t to) {
+int32_t farctx_key_layout_move(struct farctx_session * s, int64_t first, int64_t pos, farctx_key_offset_fn offset,
+                               int64_t to) {
     struct farctx_key_layout * l = farctx_key_layout_of(s);
     if (to == l->layout) {
         return FARCTX_OK;
     }
     bool moved = false;
-    const int32_t rc = farctx_session_move_keys(s, pos, offset, l->layout, to, &moved);
+    const int32_t rc = farctx_session_move_keys(s, first, pos, offset, l->layout, to, &moved);
     if (rc != FARCTX_OK) {
         return rc;
     }

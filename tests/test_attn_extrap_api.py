@@ -29,6 +29,7 @@ class Ubatch(ctypes.Structure):
         ("q_pos", I32P), ("kv_pos", I32P), ("mask", F32P),
         ("q_delta", I32P), ("k_delta", I32P), ("q_scale", F32P),
         ("seg2_mask", F32P), ("seg2_q_delta", I32P), ("seg2_k_delta", I32P), ("seg2_pos", I32P),
+        ("seq_id", ctypes.c_int32), ("n_k_move", ctypes.c_int32), ("k_move_cell", I32P), ("k_move_delta", I32P),
     ]
 
 
@@ -41,7 +42,8 @@ class Params(ctypes.Structure):
     _fields_ = [
         ("mode", ctypes.c_int32), ("n_seg2", ctypes.c_int32), ("kv_first", ctypes.c_int32),
         ("use_q_delta", ctypes.c_bool), ("use_k_delta", ctypes.c_bool), ("use_q_scale", ctypes.c_bool),
-        ("use_seg2_k_delta", ctypes.c_bool), ("fill", FILL), ("user_data", ctypes.c_void_p),
+        ("use_seg2_k_delta", ctypes.c_bool), ("n_k_move", ctypes.c_int32), ("fill", FILL),
+        ("user_data", ctypes.c_void_p),
     ]
 
 
@@ -417,3 +419,58 @@ def test_model_supported_without_a_context(tiny_model, default_model, tmp_path):
     with raw_context(mamba) as (model, _):
         assert not model_supported(model, short, len(short))
     assert short.value == b"recurre"  # truncated to the buffer, terminated
+
+
+rotate_k = _bind("llama_memory_seq_rotate_k", ctypes.c_bool, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                 ctypes.c_int32, I32P)
+
+
+def test_keys_moved_by_the_graph_are_the_k_shifts(tiny_model):
+    """Patch 0028: keys that a ubatch's own graph rotates in place (n_k_move, the cells and deltas the callback
+    names) score as the same keys rotated by the K-shift (llama_memory_seq_rotate_k), in that ubatch and in the next
+    one, which moves nothing; a callback that names a cell twice fails the ubatch (-3)."""
+    tokens = random_tokens(24, seed=68)
+    first, deltas = 3, np.array([-3, 5, -1, 2, 7], dtype=np.int32)
+
+    class Move(Fill):
+        cells: list[int] = []
+
+        def _fill(self, user_data: object, ub_p: object) -> int:
+            ub = ub_p.contents
+            for m in range(ub.n_k_move):
+                ub.k_move_cell[m], ub.k_move_delta[m] = self.cells[m], int(deltas[m])
+            return super()._fill(user_data, ub_p)
+
+    def run(move_in_graph: bool) -> list[np.ndarray]:
+        fill = Move()
+        with raw_context(tiny_model) as (model, ctx):
+            assert set_attn_extrap(ctx, fill.params()) == OK
+            assert decode(ctx, tokens[:20], 0) == 0
+            if move_in_graph:
+                kv_pos = list(range(20))  # one sequence fed in order: cell c holds position c
+                fill.cells = [kv_pos.index(first + m) for m in range(len(deltas))]
+                assert set_attn_extrap(ctx, fill.params(n_k_move=len(deltas))) == OK
+            else:
+                mem = llama_cpp.llama_get_memory(ctx)
+                assert rotate_k(mem, 0, first, first + len(deltas), deltas.ctypes.data_as(I32P))
+            assert decode(ctx, tokens[20:22], 20) == 0
+            out = [last_logits(model, ctx)]
+            assert set_attn_extrap(ctx, fill.params()) == OK
+            assert decode(ctx, tokens[22:24], 22) == 0
+            return out + [last_logits(model, ctx)]
+
+    for got, ref in zip(run(True), run(False)):
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+    unmoved = Fill()
+    with raw_context(tiny_model) as (model, ctx):
+        assert set_attn_extrap(ctx, unmoved.params()) == OK
+        assert decode(ctx, tokens[:22], 0) == 0
+        assert np.abs(last_logits(model, ctx) - run(True)[0]).max() > 1e-2  # the moves change the logits
+
+    twice = Move()
+    twice.cells = [3, 3, 4, 5, 6]
+    with raw_context(tiny_model) as (_, ctx):
+        assert set_attn_extrap(ctx, twice.params()) == OK
+        assert decode(ctx, tokens[:20], 0) == 0
+        assert set_attn_extrap(ctx, twice.params(n_k_move=len(deltas))) == OK
+        assert decode(ctx, tokens[20:22], 20) == -3

@@ -136,6 +136,13 @@ void llama_attn_extrap_inputs::build(ggml_context * ctx0, const llama_ubatch & u
         ggml_set_input(q_scale);
         ggml_set_name(q_scale, "extrap_q_scale");
     }
+    if (ex.n_k_move > 0) {
+        k_move_gather  = new_i32(ex.n_k_move*n_stream, "extrap_k_move_gather");
+        k_move_delta   = new_i32(ex.n_k_move*n_stream, "extrap_k_move_delta");
+        k_move_scatter = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, ex.n_k_move*n_stream);
+        ggml_set_input(k_move_scatter);
+        ggml_set_name(k_move_scatter, "extrap_k_move_scatter");
+    }
     if (ex.n_seg2 != 0) {
         const int64_t n_seg2 = ex.n_seg2 < 0 ? n_kv : std::min<int64_t>(ex.n_seg2, n_kv);
         seg2_mask = ggml_new_tensor_2d(ctx0, kq_mask->type, n_seg2, n_tok);
@@ -227,6 +234,9 @@ void llama_attn_extrap_inputs::set(const llama_ubatch * ubatch, const llama_cpar
     b.q_scale.assign(n_tokens, 1.0f);
     b.q2_delta.assign(n_tokens, 0);
     b.k2_delta.assign((size_t) n_seg2*n_str, 0);
+    const int32_t n_move = k_move_delta ? (int32_t) (k_move_delta->ne[0]/n_str) : 0;
+    b.move_cell.assign((size_t) n_move*n_str, -1);
+    b.move_delta.assign((size_t) n_move*n_str, 0);
 
     for (int32_t st = 0; st < n_str; ++st) {
         const size_t t0  = (size_t) st*n_tps;   // first query of the stream
@@ -249,6 +259,9 @@ void llama_attn_extrap_inputs::set(const llama_ubatch * ubatch, const llama_cpar
             /*.seg2_k_delta =*/ seg2_k_delta ? b.k2_delta.data() + (size_t) st*n_seg2 : nullptr,
             /*.seg2_pos     =*/ n_seg2 ? b.kv_pos.data() + c0          : nullptr,
             /*.seq_id       =*/ seq,
+            /*.n_k_move     =*/ n_move,
+            /*.k_move_cell  =*/ n_move ? b.move_cell.data() + (size_t) st*n_move : nullptr,
+            /*.k_move_delta =*/ n_move ? b.move_delta.data() + (size_t) st*n_move : nullptr,
         };
 
         if (ex.fill(ex.user_data, &ub) != 0) {
@@ -331,6 +344,40 @@ void llama_attn_extrap_inputs::set(const llama_ubatch * ubatch, const llama_cpar
         b.gap.assign((size_t) gap*n_tokens, -INFINITY);  // n_tokens rows of gap columns
         set_mask(kq_mask, b.gap.data(), gap, view_cell);
     }
+    if (n_move > 0) {
+        // the keys to rotate: cells of the main segment, each named once (set_rows writes each row once); as rows
+        // of the stream's view
+        b.move_row.resize(b.move_cell.size());
+        std::vector<int32_t> & cells = b.move_cell;
+        for (size_t m = 0; m < cells.size(); ++m) {
+            if (cells[m] < 0 || cells[m] >= n_kv) {
+                LLAMA_LOG_ERROR("%s: k_move_cell[%zu] = %d is not a cell of the ubatch's view (0 .. %d)\n", __func__,
+                        m % n_move, cells[m], n_kv - 1);
+                if (fill_failed) {
+                    *fill_failed = true;
+                }
+                return;
+            }
+            cells[m] += kv0;
+            b.move_row[m] = cells[m];
+        }
+        for (int32_t st = 0; st < n_str; ++st) {
+            std::vector<int64_t> rows(b.move_row.begin() + (size_t) st*n_move, b.move_row.begin() + (size_t) (st + 1)*n_move);
+            std::sort(rows.begin(), rows.end());
+            if (std::adjacent_find(rows.begin(), rows.end()) != rows.end()) {
+                LLAMA_LOG_ERROR("%s: k_move_cell names a cell twice\n", __func__);
+                if (fill_failed) {
+                    *fill_failed = true;
+                }
+                return;
+            }
+        }
+        set_i32(k_move_gather, b.move_cell);
+        set_i32(k_move_delta, b.move_delta);
+        if (k_move_scatter->buffer) {
+            ggml_backend_tensor_set(k_move_scatter, b.move_row.data(), 0, b.move_row.size()*sizeof(int64_t));
+        }
+    }
     set_i32(q_delta, b.q_delta);
     set_i32(k_delta, b.k_delta);
     if (q_scale && q_scale->buffer) {
@@ -373,6 +420,7 @@ bool llama_attn_extrap_inputs::can_reuse(const llama_cparams & cparams, const ll
     const int64_t n_kv = mctx->get_n_kv();
     res &= ex.mode != LLAMA_ATTN_EXTRAP_CUSTOM || n_stream == extrap_n_stream(params.cparams, params.ubatch);
     res &= !k_delta || k_delta->ne[0] == n_kv*n_stream;
+    res &= (k_move_delta ? k_move_delta->ne[0] : 0) == std::max(ex.n_k_move, 0)*n_stream;
     res &= !seg2_mask || seg2_mask->ne[0] == (ex.n_seg2 < 0 ? n_kv : std::min<int64_t>(ex.n_seg2, n_kv));
     res &= !seg2_mask || first_cell == extrap_main_first_cell(ex, n_kv);
     res &= (disp_idxs != nullptr) == extrap_display_cells(params.cparams, params.ubatch, mctx, n_kv);
@@ -414,6 +462,9 @@ llama_attn_extrap_inputs llama_attn_extrap_inputs::stream(ggml_context * ctx0, i
     r.pq_k_delta   = run(pq_k_delta);
     r.pq_mask      = run(pq_mask);
     r.disp_idxs    = run(disp_idxs);
+    r.k_move_gather  = run(k_move_gather);
+    r.k_move_scatter = run(k_move_scatter);
+    r.k_move_delta   = run(k_move_delta);
     return r;
 }
 
@@ -423,7 +474,8 @@ llama_attn_extrap_inputs llama_attn_extrap_inputs::stream(ggml_context * ctx0, i
 //                   (the cached keys as they are without use_seg2_k_delta), seg2_mask; the logits of both
 //                   segments share one softmax: with flash attention, two calls merged by their log-sum-exps
 //                   (CPU), per-query key copies or free cells; else unfused
-// The cache is never modified. A quantized or Hadamard-rotated K is dequantized and rotated back before RoPE.
+// The cache is modified only by n_k_move (keys rotated in place first) and by the free cells of disp_idxs. A quantized
+// or Hadamard-rotated K is dequantized and rotated back before RoPE.
 // The graph budget of mode CUSTOM: what build() adds, and every layer's attention built per stream
 uint32_t llama_attn_extrap_graph_objects(int64_t n_layer, int64_t n_stream) {
     const int64_t n = LLAMA_ATTN_EXTRAP_INPUT_OBJECTS + n_layer*std::max<int64_t>(n_stream, 1)*LLAMA_ATTN_EXTRAP_STREAM_OBJECTS;
@@ -498,6 +550,24 @@ ggml_tensor * llm_graph_context::build_attn_extrap_stream(
         }
         return t;
     };
+
+    if (ex.k_move_delta) {
+        // keys rotated in place before this layer's attention reads them (n_k_move): gathered, rotated as the
+        // K-shift rotates them (in F32, outside any Hadamard rotation) and written back to their cells; expanded
+        // first, so the attention below reads them rotated
+        ggml_tensor * rows = ggml_view_2d(ctx0, k, k->ne[0]*k->ne[1], k->ne[2], k->nb[2], 0);  // [n_embd_k_gqa, n_kv]
+        ggml_tensor * t = ggml_get_rows(ctx0, rows, ex.k_move_gather);                        // F32
+        t = ggml_reshape_3d(ctx0, t, k->ne[0], k->ne[1], t->ne[1]);
+        if (k_rot) {
+            t = llama_mul_mat_hadamard(ctx0, t, k_rot);
+        }
+        t = mctx_cur->build_rope_delta(cparams, ctx0, t, ex.k_move_delta, il);
+        if (k_rot) {
+            t = llama_mul_mat_hadamard(ctx0, t, k_rot);
+        }
+        t = ggml_reshape_2d(ctx0, t, rows->ne[0], t->ne[2]);
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, rows, t, ex.k_move_scatter));
+    }
 
     ggml_tensor * q = q_raw;
     if (ex.q_scale) {

@@ -43,6 +43,11 @@ struct llama_attn_extrap_inputs {
     // one query (kv_first) with flash attention: the second segment's keys, rotated for the query, and values
     // are written into free cells of the cache, and one flash-attention call reads the cache view as stock does
     ggml_tensor * disp_idxs    = nullptr; // I64 [n_seg2]: the free cells that receive them
+    // keys rotated in place before attention reads the cache (attn_extrap.n_k_move): their cells in the stream's
+    // view, twice (get_rows reads I32 indices, set_rows I64), and their rotations
+    ggml_tensor * k_move_gather  = nullptr; // I32 [n_k_move]
+    ggml_tensor * k_move_scatter = nullptr; // I64 [n_k_move]
+    ggml_tensor * k_move_delta   = nullptr; // I32 [n_k_move]
     // several queries with flash attention on the CPU: each segment through its own flash-attention call, which
     // also returns each row's log-sum-exp (ggml_flash_attn_ext_lse), and the two results merged exactly
     bool          seg2_lse     = false;
@@ -65,7 +70,8 @@ struct llama_attn_extrap_inputs {
         std::vector<int32_t>     q_pos, kv_pos, q_delta, k_delta, q2_delta, k2_delta;
         std::vector<float>       mask, mask2, q_scale, gap, pq_mask;
         std::vector<int32_t>     pq_delta;
-        std::vector<int64_t>     disp;
+        std::vector<int64_t>     disp, move_row;
+        std::vector<int32_t>     move_cell, move_delta;
         std::vector<ggml_fp16_t> tmp16;
     };
     host_buffers * host_bufs = nullptr;
