@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole-stream family's speed and memory against vanilla (issue: SelfExtend and ReRoPE decode like dca): every
-# method that keeps every key, at 4x and 16x the attention-bound model's trained context (2048), paired rounds
-# against vanilla and stock llama.cpp in the same run, RSS and KV beside each row; then the default model at 4x an
-# assumed 2,048-token context, where the layers' own work is what a real model pays. Steps (STEPS=attnbound,default
-# runs some; a step whose output exists is skipped). Outputs in bench/results/whole-stream/. About 10 and 25 minutes
-# on 2 cores.
+# method that keeps every key (selfextend, rerope, string, dca, mesa), at 4x and 16x the attention-bound model's
+# trained context (2048), paired rounds against vanilla and stock llama.cpp in the same run, RSS and KV beside each
+# row; then the default model at 4x an assumed 2,048-token context, where the layers' own work is what a real model
+# pays. Steps (STEPS=attnbound,default runs some; a step whose output exists is skipped). Outputs in
+# bench/results/whole-stream/. About 12 and 25 minutes on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -16,7 +16,7 @@ report() {  # file, command...: the command, then what it prints
     { echo "\$ $*"; "$@"; } > "$file.tmp" && mv "$file.tmp" "$file"
 }
 farctx=.venv/bin/farctx
-methods=vanilla,selfextend,rerope,string,dca
+methods=vanilla,selfextend,rerope,string,dca,mesa
 if want attnbound && [ ! -f "$out/speed-attnbound-4x-16x.md" ]; then
     model=build/bench/attnbound-2k.gguf
     [ -f "$model" ] || .venv/bin/python bench/attnbound_model.py "$model" > /dev/null
