@@ -120,6 +120,13 @@ bool farctx_session_fixed_cache(const struct farctx_session * s);
 /* first position beyond the head tokens that a query at next_pos still reads (0: every key) */
 int64_t farctx_session_first_needed(const struct farctx_session * s, int64_t next_pos);
 
+/* mask rows from runs of cells (a stream fed in order: O(cells) stores, no test per cell) */
+/* row[c] = 0 for the cells c in [a, b), -inf elsewhere (a and b clamped to the row) */
+void    farctx_mask_run(float * row, int32_t n, int64_t a, int64_t b);
+/* the cells in position order: cells [0, m) hold positions p0, p0 + 1, ... and the rest are empty (a stream fed in
+ * order, as farctx feeds it). Returns m and sets *p0, or returns -1 */
+int32_t farctx_cells_in_order(const int32_t * kv_pos, int32_t n_kv, int64_t * p0);
+
 /* where a method's cache layout `layout` keeps key j, relative to its true position */
 typedef int64_t (*farctx_key_offset_fn)(const struct farctx_params * p, int64_t layout, int64_t j);
 

@@ -75,37 +75,6 @@ static int64_t main_first(const struct farctx_params * p, int64_t phase) {
  * tile of ggml's CPU flash attention: below it a RoPE of every cached key per layer costs more than the cut saves) */
 enum { COPY_MIN = 64 };
 
-/* row[c] = 0 for the cells c in [a, b), -inf elsewhere (a and b clamped to the row) */
-static void mask_run(float * row, int32_t n, int64_t a, int64_t b) {
-    a = a < 0 ? 0 : a > n ? n : a;
-    b = b < a ? a : b > n ? n : b;
-    for (int64_t c = 0; c < a; ++c) {
-        row[c] = -INFINITY;
-    }
-    for (int64_t c = a; c < b; ++c) {
-        row[c] = 0.0f;
-    }
-    for (int64_t c = b; c < n; ++c) {
-        row[c] = -INFINITY;
-    }
-}
-
-/* the cells in position order: cells [0, m) hold positions p0, p0 + 1, ... and the rest are empty (a stream fed in
- * order, as farctx feeds it). Returns m and sets *p0, or returns -1 */
-static int32_t cells_in_order(const int32_t * kv_pos, int32_t n_kv, int64_t * p0) {
-    int32_t m = 0;
-    *p0 = n_kv > 0 ? kv_pos[0] : 0;
-    while (m < n_kv && kv_pos[m] >= 0 && kv_pos[m] == *p0 + m) {
-        ++m;
-    }
-    for (int32_t c = m; c < n_kv; ++c) {
-        if (kv_pos[c] >= 0) {
-            return -1;
-        }
-    }
-    return m;
-}
-
 static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
     struct farctx_session * s = (struct farctx_session *) user_data;
     const struct farctx_params * p = &s->params;
@@ -121,7 +90,7 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         return 1;
     }
     int64_t p0 = 0;
-    const int32_t m = cells_in_order(ub->kv_pos, ub->n_kv, &p0);
+    const int32_t m = farctx_cells_in_order(ub->kv_pos, ub->n_kv, &p0);
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int64_t i = ub->q_pos[t], phase = phase_of(p, i);
         if (!copy && phase != d->layout) {
@@ -136,8 +105,8 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
         if (m >= 0) {  /* as runs of cells: positions [lo, i] and [0, lo), of those cached and up to i */
             const int64_t upto = i + 1 < p0 + m ? i + 1 : p0 + m;
-            mask_run(row,  ub->n_kv, lo - p0, upto - p0);
-            mask_run(row2, ub->n_kv, -p0, (lo < upto ? lo : upto) - p0);
+            farctx_mask_run(row,  ub->n_kv, lo - p0, upto - p0);
+            farctx_mask_run(row2, ub->n_kv, -p0, (lo < upto ? lo : upto) - p0);
         } else {
             for (int32_t c = 0; c < ub->n_kv; ++c) {
                 const int64_t j = ub->kv_pos[c];

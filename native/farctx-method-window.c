@@ -259,11 +259,28 @@ static int32_t fill(void * user_data, struct llama_attn_extrap_ubatch * ub) {
         }
     }
 
+    /* a stream fed in order (the cells hold positions p0, p0 + 1, ...): each row is a run of cells */
+    int64_t p0 = 0, q0 = 0;
+    const int32_t m  = main_always(s) == 0 ? farctx_cells_in_order(ub->kv_pos, ub->n_kv, &p0) : -1;
+    const int32_t m2 = ub->n_seg2 > 0 ? farctx_cells_in_order(ub->seg2_pos, ub->n_seg2, &q0) : -1;
+    const int64_t upto = seg2_upto(s);
     for (int32_t t = 0; t < ub->n_tokens; ++t) {
         const int32_t i = ub->q_pos[t];
-        fill_main_row(s, i, ub->kv_pos, ub->n_kv, ub->mask + (size_t) t * ub->n_kv);
+        const int64_t below = (int64_t) i - main_window(s) + 1;  /* the window's first key */
+        float * row = ub->mask + (size_t) t * ub->n_kv;
+        if (m >= 0) {  /* keys [below, i] of those cached */
+            farctx_mask_run(row, ub->n_kv, below - p0, (i + 1 < p0 + m ? i + 1 : p0 + m) - p0);
+        } else {
+            fill_main_row(s, i, ub->kv_pos, ub->n_kv, row);
+        }
         if (ub->n_seg2 > 0) {
-            fill_seg2_row(s, i, ub->seg2_pos, ub->n_seg2, ub->seg2_mask + (size_t) t * ub->n_seg2);
+            float * row2 = ub->seg2_mask + (size_t) t * ub->n_seg2;
+            if (m2 >= 0) {  /* keys [0, min(below, upto)) of those cached */
+                const int64_t end = below < upto ? below : upto;
+                farctx_mask_run(row2, ub->n_seg2, -q0, (end < q0 + m2 ? end : q0 + m2) - q0);
+            } else {
+                fill_seg2_row(s, i, ub->seg2_pos, ub->n_seg2, row2);
+            }
             ub->seg2_q_delta[t] = r->q2(p, i) - i;
         }
     }

@@ -2,6 +2,8 @@
  * saved and loaded: farctx-state.c */
 #include "farctx-impl.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -252,4 +254,35 @@ void farctx_session_stats(const struct farctx_session * s, struct farctx_stats *
 
 struct farctx_params farctx_session_params(const struct farctx_session * s) {
     return s ? s->params : farctx_default_params();
+}
+
+/* row[c] = 0 for the cells c in [a, b), -inf elsewhere (a and b clamped to the row) */
+void farctx_mask_run(float * row, int32_t n, int64_t a, int64_t b) {
+    a = a < 0 ? 0 : a > n ? n : a;
+    b = b < a ? a : b > n ? n : b;
+    for (int64_t c = 0; c < a; ++c) {
+        row[c] = -INFINITY;
+    }
+    for (int64_t c = a; c < b; ++c) {
+        row[c] = 0.0f;
+    }
+    for (int64_t c = b; c < n; ++c) {
+        row[c] = -INFINITY;
+    }
+}
+
+/* the cells in position order: cells [0, m) hold positions p0, p0 + 1, ... and the rest are empty (a stream fed in
+ * order, as farctx feeds it). Returns m and sets *p0, or returns -1 */
+int32_t farctx_cells_in_order(const int32_t * kv_pos, int32_t n_kv, int64_t * p0) {
+    int32_t m = 0;
+    *p0 = n_kv > 0 ? kv_pos[0] : 0;
+    while (m < n_kv && kv_pos[m] >= 0 && kv_pos[m] == *p0 + m) {
+        ++m;
+    }
+    for (int32_t c = m; c < n_kv; ++c) {
+        if (kv_pos[c] >= 0) {
+            return -1;
+        }
+    }
+    return m;
 }
