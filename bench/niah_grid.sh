@@ -36,9 +36,10 @@ if [ "${REPORT:-0}" != 1 ]; then
     stage 7 vanilla 2k 3
 fi
 methods=vanilla,selfextend,dca,mesa,rerope,lminf
+lengths=2k,4k,8k,16k,32k
 {
     echo "\$ bench/niah_grid.sh   # this report: commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d); when each stage ran: grid-log.txt"
-    echo "\$ farctx eval niah --methods $methods --lengths 2k,4k,8k,16k,32k --samples 3 ${common[*]} --report-only --plot $out/grid-SmolLM2-135M-Instruct.png"
-    .venv/bin/farctx eval niah --methods "$methods" --lengths 2k,4k,8k,16k,32k --samples 3 "${common[@]}" \
+    echo "\$ farctx eval niah --methods $methods --lengths $lengths --samples 3 ${common[*]} --report-only --plot $out/grid-SmolLM2-135M-Instruct.png"
+    .venv/bin/farctx eval niah --methods "$methods" --lengths "$lengths" --samples 3 "${common[@]}" \
         --report-only --plot "$out/grid-SmolLM2-135M-Instruct.png"
 } > "$out/grid-SmolLM2-135M-Instruct.md"
